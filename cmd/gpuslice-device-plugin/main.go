@@ -1,0 +1,190 @@
+// Command gpuslice-device-plugin is gpuslice's node agent: it finds the
+// node's GPUs through NVML (or fake GPUs), registers hami.io/gpu with the
+// kubelet and publishes the node's GPU inventory. It only wires flags,
+// backends and signals; the behaviour lives in package deviceplugin.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run returns the process exit code: 0 after a clean stop, 1 when the
+// plugin cannot start, 2 for bad flags or configuration. Errors are printed
+// on one line.
+func run(args []string) int {
+	const name = "gpuslice-device-plugin"
+	cfg, kubeconfig, err := parseFlags(name, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := klog.Background().WithName(name)
+	ctx = klog.NewContext(ctx, logger)
+
+	backend, err := openBackend(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	defer func() { _ = backend.Close() }()
+
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: version})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			logger.Info("SIGHUP: registering again")
+			plugin.Reregister()
+		}
+	}()
+
+	logger.Info("Starting", "version", version, "node", cfg.NodeName, "fakeGPUs", cfg.FakeGPUs)
+	if err := plugin.Run(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	logger.Info("Stopped")
+	return 0
+}
+
+// parseFlags builds the Config: defaults, then the --config file, then the
+// flags given on the command line.
+func parseFlags(name string, args []string) (deviceplugin.Config, string, error) {
+	def := deviceplugin.DefaultConfig()
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	klog.InitFlags(fs)
+	configFile := fs.String("config", "", "YAML or JSON file with the plugin configuration; flags given on the command line override it")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for publishing inventory, heartbeat and ready label (default: in-cluster; none: do not publish)")
+	var flagCfg deviceplugin.Config
+	fs.StringVar(&flagCfg.NodeName, "node-name", def.NodeName, "Node this agent runs on (default $NODE_NAME)")
+	fs.StringVar(&flagCfg.ResourceName, "resource-name", def.ResourceName, "extended resource to register")
+	fs.IntVar(&flagCfg.SplitCount, "split-count", def.SplitCount, "virtual devices per GPU (most pods sharing one GPU), 1-100")
+	fs.Float64Var(&flagCfg.MemoryScaling, "memory-scaling", def.MemoryScaling, "factor on schedulable GPU memory; above 1 oversubscribes")
+	fs.Int64Var(&flagCfg.ReservedMemoryMiB, "reserved-memory-mib", def.ReservedMemoryMiB, "MiB held back on each GPU for the driver")
+	exclude := fs.String("exclude-gpus", "", "comma-separated GPU UUIDs or indexes not to advertise")
+	fs.StringVar(&flagCfg.DevicePluginDir, "device-plugin-dir", def.DevicePluginDir, "the kubelet's device-plugin folder")
+	fs.StringVar(&flagCfg.HeartbeatNamespace, "heartbeat-namespace", def.HeartbeatNamespace, "namespace of the per-node heartbeat Lease")
+	fs.DurationVar(&flagCfg.LeaseDuration.Duration, "lease-duration", def.LeaseDuration.Duration, "heartbeat Lease duration")
+	fs.DurationVar(&flagCfg.LeaseRenew.Duration, "lease-renew", def.LeaseRenew.Duration, "heartbeat Lease renewal interval")
+	fs.DurationVar(&flagCfg.HealthCoolDown.Duration, "health-cooldown", def.HealthCoolDown.Duration, "wait before re-probing an unhealthy GPU")
+	fs.StringVar(&flagCfg.FakeGPUs, "fake-gpus", "", "use fake GPUs instead of NVML: dgxa100|dgxh100|dgxh200|dgxb200 or a list like 2xA100-80GB,1xT4-16GB")
+	if err := fs.Parse(args); err != nil {
+		return def, "", err
+	}
+	if fs.NArg() > 0 {
+		return def, "", fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	cfg := def
+	if *configFile != "" {
+		var err error
+		if cfg, err = deviceplugin.LoadConfigFile(*configFile, def); err != nil {
+			return def, "", err
+		}
+	}
+	if *exclude != "" {
+		flagCfg.ExcludeGPUs = strings.Split(*exclude, ",")
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "node-name":
+			cfg.NodeName = flagCfg.NodeName
+		case "resource-name":
+			cfg.ResourceName = flagCfg.ResourceName
+		case "split-count":
+			cfg.SplitCount = flagCfg.SplitCount
+		case "memory-scaling":
+			cfg.MemoryScaling = flagCfg.MemoryScaling
+		case "reserved-memory-mib":
+			cfg.ReservedMemoryMiB = flagCfg.ReservedMemoryMiB
+		case "exclude-gpus":
+			cfg.ExcludeGPUs = flagCfg.ExcludeGPUs
+		case "device-plugin-dir":
+			cfg.DevicePluginDir = flagCfg.DevicePluginDir
+		case "heartbeat-namespace":
+			cfg.HeartbeatNamespace = flagCfg.HeartbeatNamespace
+		case "lease-duration":
+			cfg.LeaseDuration = flagCfg.LeaseDuration
+		case "lease-renew":
+			cfg.LeaseRenew = flagCfg.LeaseRenew
+		case "health-cooldown":
+			cfg.HealthCoolDown = flagCfg.HealthCoolDown
+		case "fake-gpus":
+			cfg.FakeGPUs = flagCfg.FakeGPUs
+		}
+	})
+	return cfg, *kubeconfig, cfg.Validate()
+}
+
+// openBackend opens NVML, or fake GPUs when configured.
+func openBackend(cfg deviceplugin.Config) (*nvidia.Backend, error) {
+	opts := nvidia.Options{CoolDown: cfg.HealthCoolDown.Duration}
+	if cfg.FakeGPUs != "" {
+		fake, err := nvidia.NewFake(cfg.FakeGPUs, cfg.NodeName)
+		if err != nil {
+			return nil, fmt.Errorf("invalid config: fakeGPUs=%q: %w", cfg.FakeGPUs, err)
+		}
+		opts.Library = fake
+	} else {
+		opts.Library = nvml.New()
+	}
+	return nvidia.Open(opts)
+}
+
+// kubeClient returns a client from kubeconfig, or in-cluster, or nil when
+// neither is available (the plugin then serves the kubelet only).
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) {
+			return nil, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "gpuslice-device-plugin/" + version
+	return kubernetes.NewForConfig(cfg)
+}

@@ -1,0 +1,145 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Retry timing while the kubelet is absent or refuses registration. A
+// kubelet.sock creation cuts any wait short, so the back-off only matters
+// when the folder gives no news.
+const (
+	retryInitial = 50 * time.Millisecond
+	retryMax     = 5 * time.Second
+	// staleCheckInterval re-checks the sockets even without folder events,
+	// in case an event was lost (e.g. the folder itself was re-created).
+	staleCheckInterval = 5 * time.Second
+)
+
+// errSocketGone means the plugin's own socket vanished before registration
+// finished; the round must start over on a fresh socket.
+var errSocketGone = errors.New("plugin socket removed")
+
+// dirWatch turns file events in the device-plugin folder into a wake-up
+// signal. Consumers re-check the files themselves, so lost or merged events
+// cost at most one staleCheckInterval.
+type dirWatch struct {
+	changed chan struct{} // buffered(1): something in the folder changed
+}
+
+func watchDir(ctx context.Context, dir string) (*dirWatch, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	if err := w.Add(dir); err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	d := &dirWatch{changed: make(chan struct{}, 1)}
+	logger := klog.FromContext(ctx)
+	go func() {
+		defer func() { _ = w.Close() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if ev.Op&(fsnotify.Create|fsnotify.Remove|fsnotify.Rename) != 0 {
+					select {
+					case d.changed <- struct{}{}:
+					default:
+					}
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				logger.Error(err, "Watching the device-plugin folder")
+			}
+		}
+	}()
+	return d, nil
+}
+
+// registerWithRetry registers ep until the kubelet accepts it. It waits for
+// kubelet.sock to exist, backs off between failures and restarts the wait at
+// once when the folder changes. It returns the kubelet.sock it registered
+// with, errSocketGone if ep's socket vanished, or ctx's error.
+func (p *Plugin) registerWithRetry(ctx context.Context, ep *endpoint, name string, dir *dirWatch) (os.FileInfo, error) {
+	logger := klog.FromContext(ctx)
+	kubeletSocket := filepath.Join(p.cfg.DevicePluginDir, kubeletSocketName)
+	delay := retryInitial
+	for attempt := 1; ; attempt++ {
+		if _, err := os.Stat(ep.socket); err != nil {
+			return nil, errSocketGone
+		}
+		kubelet, statErr := os.Stat(kubeletSocket)
+		if statErr == nil {
+			err := Register(ctx, kubeletSocket, name, p.cfg.ResourceName, &pluginapi.DevicePluginOptions{})
+			if err == nil {
+				return kubelet, nil
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			logger.Info("Registration failed; retrying", "attempt", attempt, "retryIn", delay, "err", err.Error())
+		} else if attempt == 1 || attempt%20 == 0 {
+			logger.Info("Waiting for the kubelet", "socket", kubeletSocket, "attempt", attempt)
+		}
+		timer := p.opts.Clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-dir.changed:
+			delay = retryInitial
+		case <-timer.C():
+			delay = min(2*delay, retryMax)
+		}
+		timer.Stop()
+	}
+}
+
+// waitStale blocks until the registration of ep is no longer valid and says
+// why, or until ctx ends.
+func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInfo, dir *dirWatch) string {
+	kubeletSocket := filepath.Join(p.cfg.DevicePluginDir, kubeletSocketName)
+	ticker := p.opts.Clock.NewTicker(staleCheckInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "stopping"
+		case <-p.reregister:
+			return "re-registration requested"
+		case <-ep.streamEnded:
+			return "kubelet ended ListAndWatch"
+		case <-ep.served:
+			return "gRPC server stopped"
+		case <-dir.changed:
+		case <-ticker.C():
+		}
+		if _, err := os.Stat(ep.socket); err != nil {
+			return "plugin socket removed"
+		}
+		now, err := os.Stat(kubeletSocket)
+		if err != nil {
+			return "kubelet.sock removed"
+		}
+		if !os.SameFile(kubelet, now) {
+			return "kubelet.sock re-created (kubelet restarted)"
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// GPUBackend is what the plugin needs from the GPU driver (NVML or fake GPUs).
+type GPUBackend interface {
+	// GPUs lists the node's physical GPUs with their current health.
+	GPUs() ([]vgpu.GPU, error)
+	// WatchHealth blocks until ctx ends, sending one event per health change.
+	WatchHealth(ctx context.Context, events chan<- vgpu.HealthEvent) error
+}
+
+// Options are the plugin's injected parts. Zero fields take defaults.
+type Options struct {
+	// Client publishes inventory, heartbeat and label. Nil disables
+	// publishing; the plugin still serves, registers and allocates.
+	Client kubernetes.Interface
+	// Clock drives lease renewal and retry timers. Default: the real clock.
+	Clock clock.WithTicker
+	// PluginVersion is reported in the heartbeat.
+	PluginVersion string
+}
+
+// Plugin is the node agent for one resource. Create it with New and run it
+// with Run; Registered and Reregister may be called from any goroutine.
+type Plugin struct {
+	cfg     Config
+	backend GPUBackend
+	opts    Options
+
+	reregister chan struct{}
+
+	mu     sync.Mutex
+	reg    registration
+	regSig chan struct{} // closed and replaced when reg changes
+}
+
+// registration is the plugin's standing with the kubelet.
+type registration struct {
+	Registered bool
+	Since      time.Time
+	Socket     string
+}
+
+// New validates cfg and returns a plugin that is not yet running.
+func New(cfg Config, backend GPUBackend, opts Options) (*Plugin, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if backend == nil {
+		return nil, errors.New("deviceplugin: no GPU backend")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Plugin{
+		cfg:        cfg,
+		backend:    backend,
+		opts:       opts,
+		reregister: make(chan struct{}, 1),
+		regSig:     make(chan struct{}),
+	}, nil
+}
+
+// Registered reports whether the kubelet has accepted the current endpoint.
+func (p *Plugin) Registered() bool {
+	r, _ := p.registration()
+	return r.Registered
+}
+
+// Reregister asks Run to register again on a fresh socket (SIGHUP). It
+// never blocks; requests made while one is pending are merged.
+func (p *Plugin) Reregister() {
+	select {
+	case p.reregister <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Plugin) registration() (registration, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reg, p.regSig
+}
+
+func (p *Plugin) setRegistration(r registration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reg = r
+	close(p.regSig)
+	p.regSig = make(chan struct{})
+}
+
+// Run serves and registers until ctx ends, then stops the server, removes
+// its socket, marks the node not ready and returns nil. It returns an error
+// only when it cannot start at all (GPU listing fails, the device-plugin
+// folder cannot be used).
+func (p *Plugin) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("resource", p.cfg.ResourceName, "node", p.cfg.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+
+	gpus, err := p.backend.GPUs()
+	if err != nil {
+		return fmt.Errorf("list GPUs: %w", err)
+	}
+	inv, err := newInventory(p.cfg, gpus)
+	if err != nil {
+		return err
+	}
+	node, _, _ := inv.snapshot()
+	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "devices", len(node.GPUs)*p.cfg.SplitCount)
+
+	if err := os.MkdirAll(p.cfg.DevicePluginDir, 0o750); err != nil {
+		return fmt.Errorf("device-plugin folder: %w", err)
+	}
+	dir, err := watchDir(ctx, p.cfg.DevicePluginDir)
+	if err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	wg.Go(func() { p.watchHealth(ctx, inv) })
+	if p.opts.Client != nil {
+		pub := &publisher{client: p.opts.Client, cfg: p.cfg, clock: p.opts.Clock, inv: inv, plugin: p, version: p.opts.PluginVersion}
+		wg.Go(func() { pub.run(ctx) })
+	} else {
+		logger.Info("No API server configured: inventory, heartbeat and ready label are not published")
+	}
+
+	alloc := &allocator{inv: inv, logger: logger}
+	for round := 1; ctx.Err() == nil; round++ {
+		if err := p.serveRound(ctx, round, inv, alloc, dir); err != nil {
+			cancel()
+			return err
+		}
+	}
+	return nil
+}
+
+// serveRound serves one endpoint: register it, then wait until it goes
+// stale (kubelet restart, socket removed, stream ended, re-register asked)
+// or ctx ends.
+func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch) error {
+	logger := klog.FromContext(ctx)
+	name := fmt.Sprintf("gpuslice-%s-%d-%d.sock", socketSafe(p.cfg.ResourceName), os.Getpid(), round)
+	socket := filepath.Join(p.cfg.DevicePluginDir, name)
+	ep, err := startEndpoint(logger, socket, inv, alloc)
+	if err != nil {
+		return err
+	}
+	defer ep.stop()
+
+	kubelet, err := p.registerWithRetry(ctx, ep, name, dir)
+	if err != nil || ctx.Err() != nil {
+		return nil //nolint:nilerr // a gone socket or ctx end starts the next round or ends Run.
+	}
+	p.setRegistration(registration{Registered: true, Since: p.opts.Clock.Now(), Socket: name})
+	logger.Info("Registered with kubelet", "endpoint", name, "round", round)
+
+	reason := p.waitStale(ctx, ep, kubelet, dir)
+	p.setRegistration(registration{})
+	if ctx.Err() == nil {
+		logger.Info("Registering again", "reason", reason)
+	}
+	return nil
+}
+
+// socketSafe turns a resource name into a file-name fragment.
+func socketSafe(resource string) string {
+	return strings.NewReplacer("/", "_", ".", "_").Replace(resource)
+}
+
+// watchHealth applies backend health events to the inventory until ctx ends.
+func (p *Plugin) watchHealth(ctx context.Context, inv *inventory) {
+	logger := klog.FromContext(ctx)
+	events := make(chan vgpu.HealthEvent)
+	go func() {
+		if err := p.backend.WatchHealth(ctx, events); err != nil {
+			logger.Error(err, "GPU health watch ended; health changes will not be seen")
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-events:
+			if inv.setHealth(ev) {
+				logger.Info("GPU health changed", "gpu", ev.UUID, "health", ev.Health, "reason", ev.Reason)
+			}
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package deviceplugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Publishing back-off after API errors, and the time allowed for the final
+// "not ready" write when the plugin stops.
+const (
+	publishRetryInitial = 200 * time.Millisecond
+	publishRetryMax     = 10 * time.Second
+	finalWriteTimeout   = 5 * time.Second
+)
+
+// publisher keeps the API server informed, in the background: the inventory
+// annotation and ready label on the Node (written only when they change)
+// and the heartbeat Lease (renewed every LeaseRenew). It never blocks the
+// kubelet side; failures are retried with back-off.
+type publisher struct {
+	client  kubernetes.Interface
+	cfg     Config
+	clock   clock.WithTicker
+	inv     *inventory
+	plugin  *Plugin
+	version string
+
+	// What the API server is known to hold; reset after errors.
+	nodeKnown     bool
+	nodeUID       types.UID
+	nodeInventory string
+	nodeReady     string
+	lease         *coordinationv1.Lease
+	leaseRenewed  time.Time
+}
+
+func (p *publisher) run(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithName("publisher")
+	delay := publishRetryInitial
+	failures := 0
+	for {
+		node, _, invChanged := p.inv.snapshot()
+		reg, regChanged := p.plugin.registration()
+		wait := p.cfg.LeaseRenew.Duration
+		if err := p.reconcile(ctx, node, reg); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			failures++
+			if failures == 1 || failures%10 == 0 {
+				logger.Info("Publishing to the API server failed; retrying", "failures", failures, "retryIn", delay, "err", err.Error())
+			}
+			wait, delay = delay, min(2*delay, publishRetryMax)
+		} else {
+			if failures > 0 {
+				logger.Info("Published to the API server", "afterFailures", failures)
+			}
+			failures, delay = 0, publishRetryInitial
+			wait = max(0, p.cfg.LeaseRenew.Duration-p.clock.Since(p.leaseRenewed))
+		}
+		timer := p.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-invChanged:
+		case <-regChanged:
+		case <-timer.C():
+		}
+		timer.Stop()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	// The plugin stops: lift the scheduling barrier while we still can.
+	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+	defer cancel()
+	node, _, _ := p.inv.snapshot()
+	if err := p.reconcile(final, node, registration{}); err != nil {
+		logger.Error(err, "Could not mark the node not ready on the way out")
+	}
+}
+
+// reconcile makes the Node and the Lease match node and reg.
+func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg registration) error {
+	inventory, err := vgpu.EncodeNodeInventory(node)
+	if err != nil {
+		return fmt.Errorf("encode inventory: %w", err)
+	}
+	ready := "false"
+	if reg.Registered {
+		ready = "true"
+	}
+	if err := p.syncNode(ctx, inventory, ready); err != nil {
+		p.nodeKnown = false
+		return err
+	}
+	if err := p.syncLease(ctx, reg); err != nil {
+		p.lease = nil
+		return err
+	}
+	return nil
+}
+
+// syncNode patches the Node's inventory annotation and ready label when
+// they differ from what the Node holds. It reads the Node only when its
+// state is unknown (start, after an error).
+func (p *publisher) syncNode(ctx context.Context, inventory, ready string) error {
+	nodes := p.client.CoreV1().Nodes()
+	if !p.nodeKnown {
+		n, err := nodes.Get(ctx, p.cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get node %s: %w", p.cfg.NodeName, err)
+		}
+		p.remember(n)
+	}
+	if p.nodeInventory == inventory && p.nodeReady == ready {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels":      map[string]string{vgpu.LabelGPUReady: ready},
+		"annotations": map[string]string{vgpu.AnnotationNodeInventory: inventory},
+	}})
+	if err != nil {
+		return fmt.Errorf("node patch: %w", err)
+	}
+	n, err := nodes.Patch(ctx, p.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpuslice-device-plugin"})
+	if err != nil {
+		return fmt.Errorf("patch node %s: %w", p.cfg.NodeName, err)
+	}
+	p.remember(n)
+	return nil
+}
+
+func (p *publisher) remember(n *corev1.Node) {
+	p.nodeKnown = true
+	p.nodeUID = n.UID
+	p.nodeInventory = n.Annotations[vgpu.AnnotationNodeInventory]
+	p.nodeReady = n.Labels[vgpu.LabelGPUReady]
+}
+
+// syncLease creates or renews the heartbeat Lease. The heartbeat annotation
+// changes only with the registration; renewTime moves on every renewal.
+func (p *publisher) syncLease(ctx context.Context, reg registration) error {
+	leases := p.client.CoordinationV1().Leases(p.cfg.HeartbeatNamespace)
+	name := vgpu.HeartbeatLeaseName(p.cfg.NodeName)
+	heartbeat, err := vgpu.EncodePluginHeartbeat(vgpu.PluginHeartbeat{
+		Node:          p.cfg.NodeName,
+		PluginVersion: p.version,
+		ResourceName:  p.cfg.ResourceName,
+		Registered:    reg.Registered,
+		RegisteredAt:  reg.Since,
+		Socket:        reg.Socket,
+	})
+	if err != nil {
+		return fmt.Errorf("encode heartbeat: %w", err)
+	}
+	if p.lease == nil {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			l, err = leases.Create(ctx, p.newLease(name, heartbeat), metav1.CreateOptions{FieldManager: "gpuslice-device-plugin"})
+			if err != nil {
+				return fmt.Errorf("create lease %s/%s: %w", p.cfg.HeartbeatNamespace, name, err)
+			}
+			p.lease, p.leaseRenewed = l, p.clock.Now()
+			return nil
+		case err != nil:
+			return fmt.Errorf("get lease %s/%s: %w", p.cfg.HeartbeatNamespace, name, err)
+		}
+		p.lease = l
+	}
+	if p.lease.Annotations[vgpu.AnnotationPluginHeartbeat] == heartbeat && !p.leaseRenewed.IsZero() && p.clock.Since(p.leaseRenewed) < p.cfg.LeaseRenew.Duration {
+		return nil
+	}
+	l := p.lease.DeepCopy()
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[vgpu.AnnotationPluginHeartbeat] = heartbeat
+	now := metav1.NewMicroTime(p.clock.Now())
+	l.Spec.RenewTime = &now
+	l.Spec.HolderIdentity = ptr.To(holderIdentity(p.cfg.NodeName))
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(p.cfg.LeaseDuration.Duration / time.Second))
+	if len(l.OwnerReferences) == 0 && p.nodeUID != "" {
+		l.OwnerReferences = p.ownerReferences()
+	}
+	l, err = leases.Update(ctx, l, metav1.UpdateOptions{FieldManager: "gpuslice-device-plugin"})
+	if err != nil {
+		return fmt.Errorf("renew lease %s/%s: %w", p.cfg.HeartbeatNamespace, name, err)
+	}
+	p.lease, p.leaseRenewed = l, p.clock.Now()
+	return nil
+}
+
+func (p *publisher) newLease(name, heartbeat string) *coordinationv1.Lease {
+	now := metav1.NewMicroTime(p.clock.Now())
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            name,
+			Namespace:       p.cfg.HeartbeatNamespace,
+			Annotations:     map[string]string{vgpu.AnnotationPluginHeartbeat: heartbeat},
+			OwnerReferences: p.ownerReferences(),
+		},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To(holderIdentity(p.cfg.NodeName)),
+			LeaseDurationSeconds: ptr.To(int32(p.cfg.LeaseDuration.Duration / time.Second)),
+			AcquireTime:          &now,
+			RenewTime:            &now,
+		},
+	}
+}
+
+// ownerReferences ties the Lease to its Node, so deleting the Node collects
+// the Lease (as the kubelet's node leases are).
+func (p *publisher) ownerReferences() []metav1.OwnerReference {
+	if p.nodeUID == "" {
+		return nil
+	}
+	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: p.cfg.NodeName, UID: p.nodeUID}}
+}
+
+func holderIdentity(node string) string { return "gpuslice-device-plugin/" + node }

@@ -1,0 +1,121 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// endpoint is one gRPC server on one socket: the unit the kubelet registers.
+// Each registration round gets a fresh endpoint on a fresh socket name, so a
+// stale kubelet connection can never reach the new server.
+type endpoint struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	socket string // absolute path
+	inv    *inventory
+	alloc  *allocator
+	server *grpc.Server
+	logger klog.Logger
+
+	stopOnce    sync.Once
+	stopping    chan struct{} // closed by stop, before the server stops
+	served      chan struct{} // closed when Serve returns
+	streamEnded chan struct{} // closed once when the kubelet ends ListAndWatch
+	endOnce     sync.Once
+}
+
+// startEndpoint listens on socket (removing a leftover file of that name)
+// and serves the device-plugin API until stop.
+func startEndpoint(logger klog.Logger, socket string, inv *inventory, alloc *allocator) (*endpoint, error) {
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove old socket %s: %w", socket, err)
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", socket, err)
+	}
+	e := &endpoint{
+		socket:      socket,
+		inv:         inv,
+		alloc:       alloc,
+		server:      grpc.NewServer(),
+		logger:      logger.WithValues("socket", socket),
+		stopping:    make(chan struct{}),
+		served:      make(chan struct{}),
+		streamEnded: make(chan struct{}),
+	}
+	pluginapi.RegisterDevicePluginServer(e.server, e)
+	go func() {
+		defer close(e.served)
+		if err := e.server.Serve(lis); err != nil {
+			e.logger.Error(err, "gRPC server ended")
+		}
+	}()
+	return e, nil
+}
+
+// stop ends the server and its streams and removes the socket. Idempotent.
+func (e *endpoint) stop() {
+	e.stopOnce.Do(func() {
+		close(e.stopping)
+		e.server.Stop()
+		<-e.served
+		if err := os.Remove(e.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.logger.Error(err, "Removing plugin socket")
+		}
+	})
+}
+
+// GetDevicePluginOptions tells the kubelet which optional calls to make.
+func (e *endpoint) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return &pluginapi.DevicePluginOptions{}, nil
+}
+
+// ListAndWatch sends the whole device list now and again after every health
+// change, until the kubelet hangs up or the endpoint stops. A hang-up by the
+// kubelet is reported through streamEnded: the kubelet never reopens the
+// stream, so only a new registration recovers.
+func (e *endpoint) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	for {
+		node, _, changed := e.inv.snapshot()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: pluginDevices(node)}); err != nil {
+			e.endStream()
+			return fmt.Errorf("send device list: %w", err)
+		}
+		select {
+		case <-changed:
+		case <-e.stopping:
+			return nil
+		case <-stream.Context().Done():
+			e.endStream()
+			return nil
+		}
+	}
+}
+
+func (e *endpoint) endStream() {
+	select {
+	case <-e.stopping: // our own shutdown, not the kubelet's
+	default:
+		e.endOnce.Do(func() { close(e.streamEnded) })
+	}
+}
+
+// Allocate answers the kubelet for each container with the environment that
+// exposes exactly the GPUs behind the granted virtual devices.
+func (e *endpoint) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	return e.alloc.allocate(ctx, req)
+}
+
+// PreStartContainer is not requested (see GetDevicePluginOptions).
+func (e *endpoint) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
