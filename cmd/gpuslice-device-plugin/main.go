@@ -14,7 +14,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -50,8 +49,13 @@ func run(args []string) int {
 	logger := klog.Background().WithName(name)
 	ctx = klog.NewContext(ctx, logger)
 
-	backend, err := openBackend(cfg)
-	if err != nil {
+	backend, err := openBackend(cfg, logger)
+	var fieldErr *deviceplugin.FieldError
+	switch {
+	case errors.As(err, &fieldErr):
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	case err != nil:
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 1
 	}
@@ -154,17 +158,16 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	return cfg, *kubeconfig, cfg.Validate()
 }
 
-// openBackend opens NVML, or fake GPUs when configured.
-func openBackend(cfg deviceplugin.Config) (*nvidia.Backend, error) {
-	opts := nvidia.Options{CoolDown: cfg.HealthCoolDown.Duration}
+// openBackend opens NVML, or fake GPUs when configured. A bad fake spec is
+// a configuration error; anything else means the plugin cannot start.
+func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, error) {
+	opts := nvidia.Options{CoolDown: cfg.HealthCoolDown.Duration, Logger: logger.WithName("nvml")}
 	if cfg.FakeGPUs != "" {
 		fake, err := nvidia.NewFake(cfg.FakeGPUs, cfg.NodeName)
 		if err != nil {
-			return nil, fmt.Errorf("invalid config: fakeGPUs=%q: %w", cfg.FakeGPUs, err)
+			return nil, &deviceplugin.FieldError{Field: "fakeGPUs", Value: cfg.FakeGPUs, Allowed: err.Error()}
 		}
 		opts.Library = fake
-	} else {
-		opts.Library = nvml.New()
 	}
 	return nvidia.Open(opts)
 }

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadStart runs the real binary the way a user would and checks that
+// every start-up failure is one clear line on stderr with a non-zero exit
+// code, never a panic or a stack trace. "no driver" is real here: this
+// machine has no NVIDIA driver, so NVML's Init fails for real.
+func TestBadStart(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "gpuslice-device-plugin")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	badFile := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badFile, []byte("splitCount: 4\nmemoryScale: 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pluginDir := filepath.Join(dir, "device-plugins")
+
+	tests := []struct {
+		name     string
+		args     []string
+		env      []string
+		wantCode int
+		want     []string // substrings of the one stderr line
+	}{
+		{name: "no node name", args: []string{"--fake-gpus=dgxa100"}, wantCode: 2, want: []string{"nodeName", "NODE_NAME"}},
+		{name: "split count zero", args: []string{"--node-name=n1", "--split-count=0"}, wantCode: 2, want: []string{"splitCount", "from 1 to 100"}},
+		{name: "memory scaling negative", args: []string{"--node-name=n1", "--memory-scaling=-1"}, wantCode: 2, want: []string{"memoryScaling", "above 0"}},
+		{name: "exclude not a GPU", args: []string{"--node-name=n1", "--exclude-gpus=0,first"}, wantCode: 2, want: []string{"excludeGPUs", "first", "UUID"}},
+		{name: "resource name", args: []string{"--node-name=n1", "--resource-name=gpu"}, wantCode: 2, want: []string{"resourceName", "hami.io/gpu"}},
+		{name: "unknown field in config file", args: []string{"--node-name=n1", "--config=" + badFile}, wantCode: 2, want: []string{"memoryScale"}},
+		{name: "bad fake GPU spec", args: []string{"--node-name=n1", "--fake-gpus=3xBANANA", "--device-plugin-dir=" + pluginDir}, wantCode: 2, want: []string{"fakeGPUs", "BANANA"}},
+		{name: "stray argument", args: []string{"--node-name=n1", "extra"}, wantCode: 2, want: []string{"extra"}},
+		{name: "no NVIDIA driver", args: []string{"--node-name=n1", "--device-plugin-dir=" + pluginDir}, wantCode: 1, want: []string{"NVML", "--fake-gpus"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(bin, tt.args...)
+			cmd.Env = append(os.Environ(), "NODE_NAME=")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			cmd.WaitDelay = 10 * time.Second
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) {
+				t.Fatalf("exit: %v, want exit code %d\nstderr:\n%s", err, tt.wantCode, stderr.String())
+			}
+			if exit.ExitCode() != tt.wantCode {
+				t.Errorf("exit code %d, want %d\nstderr:\n%s", exit.ExitCode(), tt.wantCode, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			last := lines[len(lines)-1]
+			if strings.Contains(stderr.String(), "panic") || strings.Contains(stderr.String(), "goroutine ") {
+				t.Errorf("stderr shows a crash:\n%s", stderr.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(last, w) {
+					t.Errorf("error line %q does not mention %q", last, w)
+				}
+			}
+		})
+	}
+}

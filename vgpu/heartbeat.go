@@ -1,0 +1,89 @@
+package vgpu
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+const (
+	// DefaultHeartbeatNamespace is where the device plugin keeps its
+	// heartbeat Leases unless configured otherwise: the namespace the kubelet
+	// uses for its own node Leases.
+	DefaultHeartbeatNamespace = "kube-node-lease"
+	// heartbeatLeasePrefix starts every heartbeat Lease name.
+	heartbeatLeasePrefix = "gpuslice-"
+	// maxObjectNameLength is the longest DNS-1123 subdomain, the limit on a
+	// Lease's name.
+	maxObjectNameLength = 253
+)
+
+// HeartbeatLeaseName returns the name of the device plugin's heartbeat Lease
+// for node: "gpuslice-" + node. node must be a Node's name (a DNS-1123
+// subdomain). When the result would exceed 253 characters it is shortened
+// to a prefix of node followed by "-" and 16 hex digits of the SHA-256 of
+// node, so it is still a valid, stable, practically unique name. The writer
+// (device plugin) and the readers call this same function.
+func HeartbeatLeaseName(node string) string {
+	name := heartbeatLeasePrefix + node
+	if len(name) <= maxObjectNameLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(node))
+	suffix := "-" + hex.EncodeToString(sum[:8])
+	prefix := name[:maxObjectNameLength-len(suffix)]
+	// A label may not end in "-" or ".", and the suffix starts a new
+	// "-"-joined part of the last label.
+	prefix = strings.TrimRight(prefix, "-.")
+	return prefix + suffix
+}
+
+// PluginHeartbeat is the device plugin's registration state with the
+// kubelet, kept on its heartbeat Lease (AnnotationPluginHeartbeat). The
+// Lease's renewTime says the plugin is alive; this says whether the kubelet
+// currently knows it. It changes only when registration state changes.
+type PluginHeartbeat struct {
+	// Node is the name of the Node the plugin runs on; never empty.
+	Node string
+	// PluginVersion is the plugin's build version; empty means unknown.
+	PluginVersion string
+	// ResourceName is the extended resource the plugin registered, normally
+	// ResourceGPU; never empty.
+	ResourceName string
+	// Registered is true from a successful Register RPC until the plugin
+	// sees the kubelet restart or its own socket vanish.
+	Registered bool
+	// RegisteredAt is when the plugin last registered, in UTC to the second
+	// (encoding truncates). Zero means never since the plugin started;
+	// never zero while Registered.
+	RegisteredAt time.Time
+	// Socket is the plugin's socket as given to the kubelet (the file name
+	// in the kubelet's device-plugin folder); empty means none. Never empty
+	// while Registered.
+	Socket string
+}
+
+// Validate reports every way h breaks the rules stated on its fields.
+// EncodePluginHeartbeat and ParsePluginHeartbeat call it.
+func (h PluginHeartbeat) Validate() error {
+	var errs []error
+	if h.Node == "" {
+		errs = append(errs, errors.New("node: must not be empty"))
+	}
+	if h.ResourceName == "" {
+		errs = append(errs, errors.New("resourceName: must not be empty"))
+	}
+	if y := h.RegisteredAt.UTC().Year(); !h.RegisteredAt.IsZero() && (y < 0 || y > 9999) {
+		errs = append(errs, fmt.Errorf("registeredAt=%s: year must be from 0 to 9999", h.RegisteredAt))
+	}
+	if h.Registered && h.RegisteredAt.IsZero() {
+		errs = append(errs, errors.New("registeredAt: must be set while registered"))
+	}
+	if h.Registered && h.Socket == "" {
+		errs = append(errs, errors.New("socket: must be set while registered"))
+	}
+	return errors.Join(errs...)
+}
