@@ -17,16 +17,16 @@ import (
 
 // Defaults for Config. DefaultDevicePluginDir is the kubelet's fixed folder.
 const (
-	DefaultSplitCount        = 10
-	DefaultMemoryScaling     = 1.0
-	DefaultDevicePluginDir   = "/var/lib/kubelet/device-plugins"
-	DefaultLeaseDuration     = 40 * time.Second
-	DefaultLeaseRenew        = 10 * time.Second
-	DefaultHealthCoolDown    = 30 * time.Second
-	MaxSplitCount            = 100
-	MaxMemoryScaling         = 10.0
-	maxDeviceIDLength        = 63
-	kubeletSocketName        = "kubelet.sock"
+	DefaultSplitCount      = 10
+	DefaultMemoryScaling   = 1.0
+	DefaultDevicePluginDir = "/var/lib/kubelet/device-plugins"
+	DefaultLeaseDuration   = 40 * time.Second
+	DefaultLeaseRenew      = 10 * time.Second
+	DefaultHealthCoolDown  = 30 * time.Second
+	MaxSplitCount          = 100
+	MaxMemoryScaling       = 10.0
+	maxDeviceIDLength      = 63
+	kubeletSocketName      = "kubelet.sock"
 )
 
 // Config is the device plugin's configuration. Zero fields take the defaults
@@ -84,7 +84,7 @@ func DefaultConfig() Config {
 // LoadConfigFile reads a YAML or JSON file over base: fields present in the
 // file replace those of base; unknown fields are an error naming the field.
 func LoadConfigFile(path string, base Config) (Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := os.ReadFile(path) //nolint:gosec // G304: the operator names the file.
 	if err != nil {
 		return base, fmt.Errorf("config file: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -55,7 +56,7 @@ func (p *publisher) run(ctx context.Context) {
 	for {
 		node, _, invChanged := p.inv.snapshot()
 		reg, regChanged := p.plugin.registration()
-		wait := p.cfg.LeaseRenew.Duration
+		var wait time.Duration
 		if err := p.reconcile(ctx, node, reg); err != nil {
 			if ctx.Err() != nil {
 				break
@@ -193,7 +194,7 @@ func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 	now := metav1.NewMicroTime(p.clock.Now())
 	l.Spec.RenewTime = &now
 	l.Spec.HolderIdentity = ptr.To(holderIdentity(p.cfg.NodeName))
-	l.Spec.LeaseDurationSeconds = ptr.To(int32(p.cfg.LeaseDuration.Duration / time.Second))
+	l.Spec.LeaseDurationSeconds = ptr.To(p.leaseSeconds())
 	if len(l.OwnerReferences) == 0 && p.nodeUID != "" {
 		l.OwnerReferences = p.ownerReferences()
 	}
@@ -216,7 +217,7 @@ func (p *publisher) newLease(name, heartbeat string) *coordinationv1.Lease {
 		},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       ptr.To(holderIdentity(p.cfg.NodeName)),
-			LeaseDurationSeconds: ptr.To(int32(p.cfg.LeaseDuration.Duration / time.Second)),
+			LeaseDurationSeconds: ptr.To(p.leaseSeconds()),
 			AcquireTime:          &now,
 			RenewTime:            &now,
 		},
@@ -230,6 +231,11 @@ func (p *publisher) ownerReferences() []metav1.OwnerReference {
 		return nil
 	}
 	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: p.cfg.NodeName, UID: p.nodeUID}}
+}
+
+// leaseSeconds is LeaseDuration in whole seconds, capped to the field's range.
+func (p *publisher) leaseSeconds() int32 {
+	return int32(min(p.cfg.LeaseDuration.Duration/time.Second, math.MaxInt32)) //nolint:gosec // G115: capped above.
 }
 
 func holderIdentity(node string) string { return "gpuslice-device-plugin/" + node }
