@@ -87,12 +87,14 @@ func (p *Plugin) registerWithRetry(ctx context.Context, ep *endpoint, name strin
 		}
 		kubelet, statErr := os.Stat(kubeletSocket)
 		if statErr == nil {
-			err := Register(ctx, kubeletSocket, name, p.cfg.ResourceName, &pluginapi.DevicePluginOptions{})
-			if err == nil {
+			err := registerOnce(ctx, ep, kubeletSocket, name, p.cfg.ResourceName, dir)
+			switch {
+			case err == nil:
 				return kubelet, nil
-			}
-			if ctx.Err() != nil {
+			case ctx.Err() != nil:
 				return nil, ctx.Err()
+			case errors.Is(err, errSocketGone):
+				return nil, err
 			}
 			logger.Info("Registration failed; retrying", "attempt", attempt, "retryIn", delay, "err", err.Error())
 		} else if attempt == 1 || attempt%20 == 0 {
@@ -112,6 +114,29 @@ func (p *Plugin) registerWithRetry(ctx context.Context, ep *endpoint, name strin
 	}
 }
 
+// registerOnce makes one Register call, cut short if ep's socket vanishes
+// meanwhile: a kubelet that starts while the plugin registers deletes every
+// socket in the folder, and the kubelet's dial-back would then wait its full
+// 10 s for a socket that is gone.
+func registerOnce(ctx context.Context, ep *endpoint, kubeletSocket, name, resource string, dir *dirWatch) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- Register(ctx, kubeletSocket, name, resource, &pluginapi.DevicePluginOptions{}) }()
+	for {
+		select {
+		case err := <-result:
+			return err
+		case <-dir.changed:
+			if _, err := os.Stat(ep.socket); err != nil {
+				cancel()
+				<-result
+				return errSocketGone
+			}
+		}
+	}
+}
+
 // waitStale blocks until the registration of ep is no longer valid and says
 // why, or until ctx ends.
 func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInfo, dir *dirWatch) string {
@@ -119,6 +144,16 @@ func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInf
 	ticker := p.opts.Clock.NewTicker(staleCheckInterval)
 	defer ticker.Stop()
 	for {
+		if _, err := os.Stat(ep.socket); err != nil {
+			return "plugin socket removed"
+		}
+		now, err := os.Stat(kubeletSocket)
+		if err != nil {
+			return "kubelet.sock removed"
+		}
+		if !os.SameFile(kubelet, now) {
+			return "kubelet.sock re-created (kubelet restarted)"
+		}
 		select {
 		case <-ctx.Done():
 			return "stopping"
@@ -130,16 +165,6 @@ func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInf
 			return "gRPC server stopped"
 		case <-dir.changed:
 		case <-ticker.C():
-		}
-		if _, err := os.Stat(ep.socket); err != nil {
-			return "plugin socket removed"
-		}
-		now, err := os.Stat(kubeletSocket)
-		if err != nil {
-			return "kubelet.sock removed"
-		}
-		if !os.SameFile(kubelet, now) {
-			return "kubelet.sock re-created (kubelet restarted)"
 		}
 	}
 }
