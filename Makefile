@@ -13,8 +13,6 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS  := -Wno-deprecated-declarations
 # The nested module test/ holds the tests that run real Kubernetes code.
 MODULES    := . test
-# The harness reaches the kubelet device manager's unexported constructor.
-TEST_LDFLAGS := -checklinkname=0
 
 .PHONY: help
 help: ## List the targets.
@@ -27,7 +25,7 @@ build: ## Build the binaries into _output/bin.
 .PHONY: test
 test: ## Run all tests with -race: unit tests, then the real kubelet device manager and API server tests.
 	go test -race -count=1 ./...
-	cd test && go test -race -count=1 -ldflags=$(TEST_LDFLAGS) -timeout 20m ./...
+	cd test && go test -race -count=1 -timeout 20m ./...
 
 .PHONY: fuzz
 fuzz: ## Fuzz each parser for FUZZTIME (default 30s); new corpus entries land in testdata/fuzz.

@@ -64,7 +64,7 @@ func loadOrCreateCredentials(dir string) (credentials, error) {
 		c.token = hex.EncodeToString(b)
 		// token,user,uid,"group,..."
 		content := fmt.Sprintf("%s,%s,%s,system:masters\n", c.token, adminUser, adminUser)
-		if err := os.WriteFile(c.tokenFile, []byte(content), 0o600); err != nil {
+		if err := os.WriteFile(c.tokenFile, []byte(content), 0o600); err != nil { //nolint:gosec // G703: the path is under the test's own folder.
 			return c, fmt.Errorf("write token file: %w", err)
 		}
 	case err != nil:

@@ -129,7 +129,7 @@ func Start(t testing.TB, opts Options) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := s.run(ctx, ln, flags); err != nil {
 		cancel()
-		ln.Close()
+		_ = ln.Close()
 		t.Fatalf("apiserver: %v", err)
 	}
 	s.cancel = cancel
@@ -266,7 +266,7 @@ func (s *Server) waitReady() error {
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("kube-apiserver at %s not ready after %v (last: %v): %w", s.host, readyTimeout, last, err)
+		return fmt.Errorf("kube-apiserver at %s not ready after %v: %w", s.host, readyTimeout, errors.Join(err, last))
 	}
 	return nil
 }

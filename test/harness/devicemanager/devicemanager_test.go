@@ -103,7 +103,7 @@ func TestManagerRegistersAndAllocates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(pluginDir) })
+	t.Cleanup(func() { _ = os.RemoveAll(pluginDir) })
 
 	m := devicemanager.Start(t, pluginDir)
 	if got, want := m.SocketPath(), filepath.Join(pluginDir, "kubelet.sock"); got != want {
@@ -152,7 +152,7 @@ func TestManagerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(pluginDir) })
+	t.Cleanup(func() { _ = os.RemoveAll(pluginDir) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pod := podWithDevices("p", 1)
