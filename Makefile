@@ -13,6 +13,8 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS  := -Wno-deprecated-declarations
 # The nested module test/ holds the tests that run real Kubernetes code.
 MODULES    := . test
+# Packages with golden files (tests named *Golden*, flag -update).
+GOLDEN_PKGS := ./vgpu/
 
 .PHONY: help
 help: ## List the targets.
@@ -45,14 +47,14 @@ update: ## Rewrite generated files: gofmt, go mod tidy, replace block, golden fi
 	gofmt -w $$(git ls-files '*.go')
 	./test/hack/gen-replace.sh
 	@for m in $(MODULES); do (cd $$m && go mod tidy); done
-	go test ./... -run 'Golden' -update >/dev/null
+	go test $(GOLDEN_PKGS) -run 'Golden' -update
 
 .PHONY: verify
 verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block drift and stale golden files.
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n "$$bad" ]]; then echo "gofmt needed: $$bad"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && go vet ./... && go mod tidy -diff) || { echo "go vet or go mod tidy drift in $$m (run make update)"; exit 1; }; done
 	./test/hack/gen-replace.sh --verify
-	go test -count=1 -run 'Golden' ./...
+	go test -count=1 -run 'Golden' $(GOLDEN_PKGS)
 	$(MAKE) lint
 
 .PHONY: clean

@@ -130,7 +130,8 @@ func registerOnce(ctx context.Context, ep *endpoint, kubeletSocket, name, resour
 		case <-dir.changed:
 			if _, err := os.Stat(ep.socket); err != nil {
 				cancel()
-				<-result
+				err := <-result
+				klog.FromContext(ctx).V(4).Info("Registration cut short: plugin socket removed", "err", err)
 				return errSocketGone
 			}
 		}
