@@ -29,6 +29,7 @@ const (
 	fakeGPUs   = "2xA100-80GB,1xT4-16GB"
 	gpuCount   = 3
 	splitCount = deviceplugin.DefaultSplitCount
+	allDevices = gpuCount * splitCount
 	// coolDown is the re-probe delay after a device fault, short for tests.
 	coolDown = 300 * time.Millisecond
 	// waitLong bounds every wait on the kubelet or the API server.
@@ -105,6 +106,19 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// startRegistered starts a device manager and a plugin on a fresh folder and
+// waits until the kubelet reports every device allocatable.
+func startRegistered(t *testing.T) (string, *devicemanager.Manager, *runningPlugin) {
+	t.Helper()
+	dir := t.TempDir()
+	m := devicemanager.Start(t, dir)
+	p := startPlugin(t, dir, nil)
+	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, allDevices, allDevices); err != nil {
+		t.Fatal(err)
+	}
+	return dir, m, p
+}
+
 func gpuPod(name string, gpus int64) (*corev1.Pod, *corev1.Container) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
@@ -122,12 +136,7 @@ func gpuPod(name string, gpus int64) (*corev1.Pod, *corev1.Container) {
 // and reports GPUs x splitCount devices.
 func TestRegisterAfterServe(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	m := devicemanager.Start(t, dir)
-	startPlugin(t, dir, nil)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, gpuCount*splitCount, gpuCount*splitCount); err != nil {
-		t.Fatal(err)
-	}
+	startRegistered(t)
 }
 
 // Scenario 1, reversed: registering an endpoint before anything serves it
@@ -152,13 +161,8 @@ func TestRegisterBeforeServeFails(t *testing.T) {
 // back after the cool-down once NVML answers again.
 func TestHealth(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	m := devicemanager.Start(t, dir)
-	p := startPlugin(t, dir, nil)
-	all := int64(gpuCount * splitCount)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatal(err)
-	}
+	_, m, p := startRegistered(t)
+	all := int64(allDevices)
 	waitUntil(t, waitLong, "the health watch on every GPU", func() bool { return p.fake.Watched(0) && p.fake.Watched(1) })
 
 	// Keep GPU 0 lost so the first re-probe fails and the fault is visible.
@@ -189,13 +193,8 @@ func TestHealth(t *testing.T) {
 // in a row.
 func TestKubeletRestart(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	m := devicemanager.Start(t, dir)
-	startPlugin(t, dir, nil)
-	all := int64(gpuCount * splitCount)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatal(err)
-	}
+	dir, m, _ := startRegistered(t)
+	all := int64(allDevices)
 	var slowest time.Duration
 	for i := range 20 {
 		m.Stop()
@@ -213,13 +212,8 @@ func TestKubeletRestart(t *testing.T) {
 // then gets the devices back, and its Allocate returns the plugin's env.
 func TestPluginRestart(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	m := devicemanager.Start(t, dir)
-	p := startPlugin(t, dir, nil)
-	all := int64(gpuCount * splitCount)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatal(err)
-	}
+	dir, m, p := startRegistered(t)
+	all := int64(allDevices)
 	p.stop()
 	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, 0); err != nil {
 		t.Fatalf("plugin stopped: %v", err)
@@ -251,13 +245,8 @@ func TestPluginRestart(t *testing.T) {
 // socket; the kubelet keeps the devices.
 func TestReregisterOnRequest(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	m := devicemanager.Start(t, dir)
-	p := startPlugin(t, dir, nil)
-	all := int64(gpuCount * splitCount)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatal(err)
-	}
+	dir, m, p := startRegistered(t)
+	all := int64(allDevices)
 	before := pluginSockets(t, dir)
 	p.plugin.Reregister()
 	waitUntil(t, waitLong, "a fresh plugin socket", func() bool {
