@@ -24,10 +24,26 @@ help: ## List the targets.
 build: ## Build the binaries into _output/bin.
 	go build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
+.PHONY: cluster
+cluster: ## Build the local cluster's binaries into _output/cluster/bin (first time ~10 min on 2 cores, then seconds).
+	./hack/build-cluster.sh
+
 .PHONY: test
-test: ## Run all tests with -race: unit tests, then the real kubelet device manager and API server tests.
+test: cluster ## The test command: unit tests, real kubelet/API server tests and the e2e scenarios on a local cluster, all with -race.
 	go test -race -count=1 ./...
-	cd test && go test -race -count=1 -timeout 20m ./...
+	cd test && go test -race -count=1 -timeout 25m ./...
+
+.PHONY: e2e
+e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
+	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
+
+.PHONY: demo
+demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).
+	cd test && go run ./cmd/gpuslice-demo up
+
+.PHONY: demo-down
+demo-down: ## Stop the demo cluster; leaves no process, mount or file.
+	cd test && go run ./cmd/gpuslice-demo down
 
 .PHONY: fuzz
 fuzz: ## Fuzz each parser for FUZZTIME (default 30s); new corpus entries land in testdata/fuzz.
@@ -58,5 +74,5 @@ verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block d
 	$(MAKE) lint
 
 .PHONY: clean
-clean: ## Remove build outputs (not the Go build cache).
+clean: ## Remove gpuslice's build outputs (keeps _output/cluster, which takes ~10 min to rebuild, and the Go build cache).
 	rm -rf $(BIN)

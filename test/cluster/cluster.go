@@ -1,0 +1,270 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// DefaultReadyTimeout bounds each readiness wait of Start when Options.ReadyTimeout is zero.
+const DefaultReadyTimeout = 90 * time.Second
+
+// pollInterval is how often readiness waits check their condition.
+const pollInterval = 100 * time.Millisecond
+
+// Options configures Start. The zero value is a control plane with no nodes in a new folder.
+type Options struct {
+	// BinDir holds the binaries hack/build-cluster.sh builds; empty means FindBinDir.
+	BinDir string
+	// PluginPath is the gpuslice-device-plugin binary to run; empty means the one in BinDir.
+	PluginPath string
+	// Dir is the cluster's folder; it must not exist or be empty. Empty means a new folder under
+	// the system temporary folder with a short name: unix socket paths under it must stay under
+	// 108 bytes. Stop removes it.
+	Dir string
+	// Nodes are the simulated nodes to start, in order.
+	Nodes []NodeOptions
+	// ReadyTimeout bounds each readiness wait; zero means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// StopWithParent has the kernel kill every component (SIGKILL) when the process that started
+	// it dies, so that a test binary killed by its -timeout leaves nothing running (its folder
+	// stays). Leave it false for a cluster that outlives its starter, as the demo's does.
+	StopWithParent bool
+}
+
+// State is what a running cluster's state file (StatePath) records, so that another process can
+// reach the cluster and stop it.
+type State struct {
+	// Dir is the cluster's folder; everything the cluster writes is under it.
+	Dir string `json:"dir"`
+	// BinDir is where the binaries were taken from; PluginPath is the device plugin's binary.
+	BinDir     string `json:"binDir"`
+	PluginPath string `json:"pluginPath"`
+	// Kubeconfig is the admin kubeconfig's path.
+	Kubeconfig string `json:"kubeconfig"`
+	// Token is the admin bearer token; CAData the API server's PEM certificate.
+	Token  string `json:"token"`
+	CAData []byte `json:"caData"`
+	// EtcdPort and APIServerPort are the loopback ports of etcd's client URL and the API server.
+	EtcdPort      int `json:"etcdPort"`
+	APIServerPort int `json:"apiServerPort"`
+	// Processes are the running components in start order; Stop stops them in reverse.
+	Processes []*Process `json:"processes"`
+	// Nodes are the simulated nodes' settings and folders.
+	Nodes []NodeState `json:"nodes"`
+}
+
+// Cluster is a running local cluster. Its methods are safe for concurrent use, except that Stop
+// must not run concurrently with a method that starts a process.
+type Cluster struct {
+	// Nodes are the simulated nodes, in the order of Options.Nodes.
+	Nodes []*Node
+
+	// State is what the state file holds. Starting a process (Start, AddNode, Node.Start*)
+	// changes it under mu; read it when no start is in progress, or through LogTails.
+	State State
+
+	mu             sync.Mutex // guards State.Processes, State.Nodes and the state file
+	readyTimeout   time.Duration
+	stopWithParent bool
+	client         kubernetes.Interface
+}
+
+// Start starts etcd, kube-apiserver, kube-scheduler and every node of opts and waits for each to be
+// ready: the API server's /readyz, every Node Ready without the not-ready taint, and every node's
+// device plugin registered (label hami.io/gpu.ready=true). ctx bounds the start; the processes
+// outlive it and run until Stop. On error everything started is stopped again and the error
+// carries the tail of every log.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	c := &Cluster{readyTimeout: opts.ReadyTimeout, stopWithParent: opts.StopWithParent}
+	if c.readyTimeout == 0 {
+		c.readyTimeout = DefaultReadyTimeout
+	}
+	var err error
+	if c.State.BinDir = opts.BinDir; c.State.BinDir == "" {
+		if c.State.BinDir, err = FindBinDir(); err != nil {
+			return nil, err
+		}
+	}
+	if c.State.PluginPath = opts.PluginPath; c.State.PluginPath == "" {
+		c.State.PluginPath = filepath.Join(c.State.BinDir, "gpuslice-device-plugin")
+	}
+	if c.State.Dir = opts.Dir; c.State.Dir == "" {
+		if c.State.Dir, err = os.MkdirTemp("", "gs-"); err != nil {
+			return nil, fmt.Errorf("create cluster folder: %w", err)
+		}
+	} else if entries, err := os.ReadDir(c.State.Dir); err == nil && len(entries) > 0 {
+		return nil, fmt.Errorf("cluster folder %s is not empty: another cluster's, or one a crash left behind (its Down removes it)", c.State.Dir)
+	} else if err := os.MkdirAll(c.State.Dir, 0o750); err != nil {
+		return nil, fmt.Errorf("create cluster folder: %w", err)
+	}
+	if err := c.saveState(); err != nil {
+		return nil, err
+	}
+	if err := c.startAll(ctx, opts); err != nil {
+		logs := c.LogTails(30)
+		if stopErr := c.Stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+		return nil, fmt.Errorf("start cluster: %w\n%s", err, logs)
+	}
+	return c, nil
+}
+
+// startAll starts the control plane, then the nodes one after another.
+func (c *Cluster) startAll(ctx context.Context, opts Options) error {
+	if err := c.startEtcd(ctx); err != nil {
+		return err
+	}
+	if err := c.startAPIServer(ctx); err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(c.RESTConfig())
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	c.client = client
+	if err := c.startScheduler(ctx); err != nil {
+		return err
+	}
+	for _, no := range opts.Nodes {
+		if _, err := c.AddNode(ctx, no); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Client returns the admin clientset.
+func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// StatePath returns the state file's path: state.json in the cluster's folder.
+func (c *Cluster) StatePath() string { return filepath.Join(c.State.Dir, "state.json") }
+
+// start starts BinDir/bin (or, when bin is absolute, bin itself) as the component name, with a new
+// working folder and a log file under dir, and records it in the state file.
+func (c *Cluster) start(name, bin string, args []string, dir string) (*Process, error) {
+	path := bin
+	if !filepath.IsAbs(bin) {
+		path = filepath.Join(c.State.BinDir, bin)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("%s: %w (run hack/build-cluster.sh)", name, err)
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("%s: create folder: %w", name, err)
+	}
+	base := filepath.Base(name)
+	workDir, err := os.MkdirTemp(dir, base+"-cwd-")
+	if err != nil {
+		return nil, fmt.Errorf("%s: create working folder: %w", name, err)
+	}
+	p, err := startProcess(name, path, args, workDir, filepath.Join(dir, base+".log"), c.stopWithParent)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	replaced := false
+	for i, old := range c.State.Processes {
+		if old.Name == name {
+			c.State.Processes[i], replaced = p, true
+		}
+	}
+	if !replaced {
+		c.State.Processes = append(c.State.Processes, p)
+	}
+	return p, c.saveStateLocked()
+}
+
+// waitFor polls cond until it returns true, an error, one of procs exits, or the ready timeout
+// (or ctx) ends. The error names what was awaited.
+func (c *Cluster) waitFor(ctx context.Context, what string, procs []*Process, cond func(ctx context.Context) (bool, error)) error {
+	began := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, pollInterval, c.readyTimeout, true, func(ctx context.Context) (bool, error) {
+		for _, p := range procs {
+			if p.Exited() {
+				return false, fmt.Errorf("%s exited (log %s)", p.Name, p.Log)
+			}
+		}
+		return cond(ctx)
+	})
+	if err != nil {
+		return fmt.Errorf("wait for %s (%v): %w", what, time.Since(began).Round(time.Millisecond), err)
+	}
+	return nil
+}
+
+// LogTails returns the last n lines of every component's log, each under a header.
+func (c *Cluster) LogTails(n int) string {
+	c.mu.Lock()
+	procs := append([]*Process(nil), c.State.Processes...)
+	c.mu.Unlock()
+	var b strings.Builder
+	for _, p := range procs {
+		fmt.Fprintf(&b, "----- %s (pid %d, %s) -----\n%s\n", p.Name, p.PID, p.Log, p.LogTail(n))
+	}
+	return b.String()
+}
+
+// Stop stops every process in reverse start order (SIGTERM, then SIGKILL) and removes the
+// cluster's folder. It is idempotent.
+func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	st := c.State
+	c.mu.Unlock()
+	return stopState(st)
+}
+
+// stopState stops st's processes in reverse order and removes st.Dir.
+func stopState(st State) error {
+	var errs []error
+	for i := len(st.Processes) - 1; i >= 0; i-- {
+		if err := st.Processes[i].Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("stop cluster (folder %s kept): %w", st.Dir, errors.Join(errs...))
+	}
+	if st.Dir != "" {
+		if err := os.RemoveAll(st.Dir); err != nil {
+			return fmt.Errorf("remove cluster folder: %w", err)
+		}
+	}
+	return nil
+}
+
+// FindBinDir returns $GPUSLICE_CLUSTER_BIN when set, else the first _output/cluster/bin found in the
+// working directory or one of its parents.
+func FindBinDir() (string, error) {
+	if d := os.Getenv("GPUSLICE_CLUSTER_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "kubelet")); err != nil { //nolint:gosec // G703: the user names the folder
+			return "", fmt.Errorf("GPUSLICE_CLUSTER_BIN=%s: %w (run hack/build-cluster.sh)", d, err)
+		}
+		return d, nil
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find cluster binaries: %w", err)
+	}
+	for {
+		candidate := filepath.Join(dir, "_output", "cluster", "bin")
+		if _, err := os.Stat(filepath.Join(candidate, "kubelet")); err == nil {
+			return candidate, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cluster binaries not found in _output/cluster/bin of the working directory or a parent: run hack/build-cluster.sh (or set GPUSLICE_CLUSTER_BIN)")
+		}
+		dir = parent
+	}
+}

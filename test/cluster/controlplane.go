@@ -1,0 +1,203 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/keyutil"
+)
+
+// adminUser is the user of the admin token; its group system:masters is allowed everything. The
+// kubelets, the scheduler and the device plugins use it too: this cluster tests gpuslice, not RBAC.
+const adminUser = "gpuslice-admin"
+
+// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startEtcd starts etcd with its data in dir/etcd/data and waits for /health.
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	var err error
+	if c.State.EtcdPort, err = freePort(); err != nil {
+		return err
+	}
+	peerPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.State.Dir, "etcd")
+	client := "http://127.0.0.1:" + strconv.Itoa(c.State.EtcdPort)
+	peer := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	p, err := c.start("etcd", "etcd", []string{
+		"--name=default",
+		"--data-dir=" + filepath.Join(dir, "data"),
+		"--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer,
+		"--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=default=" + peer,
+		"--log-level=warn",
+	}, dir)
+	if err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "etcd /health", []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, http.DefaultClient, client+"/health"), nil
+	})
+}
+
+// startAPIServer writes the credentials, starts kube-apiserver on a free port, waits for /readyz
+// and the default namespace, and writes the admin kubeconfig.
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	dir := filepath.Join(c.State.Dir, "kube-apiserver")
+	pki := filepath.Join(dir, "pki")
+	if err := os.MkdirAll(pki, 0o700); err != nil {
+		return fmt.Errorf("create pki folder: %w", err)
+	}
+	saKey := filepath.Join(pki, "service-account.key")
+	key, err := keyutil.MakeEllipticPrivateKeyPEM()
+	if err != nil {
+		return fmt.Errorf("generate service account key: %w", err)
+	}
+	if err := os.WriteFile(saKey, key, 0o600); err != nil {
+		return fmt.Errorf("write service account key: %w", err)
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("generate admin token: %w", err)
+	}
+	c.State.Token = hex.EncodeToString(b)
+	tokenFile := filepath.Join(pki, "tokens.csv")
+	if err := os.WriteFile(tokenFile, []byte(fmt.Sprintf("%s,%s,%s,system:masters\n", c.State.Token, adminUser, adminUser)), 0o600); err != nil {
+		return fmt.Errorf("write token file: %w", err)
+	}
+	if c.State.APIServerPort, err = freePort(); err != nil {
+		return err
+	}
+	p, err := c.start("kube-apiserver", "kube-apiserver", []string{
+		"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(c.State.EtcdPort),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(c.State.APIServerPort),
+		"--cert-dir=" + pki,
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=10.0.0.0/16",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + saKey,
+		"--service-account-signing-key-file=" + saKey,
+		"--token-auth-file=" + tokenFile,
+		"--authorization-mode=Node,RBAC",
+		// No controller-manager creates service-account tokens: pods run without one.
+		"--disable-admission-plugins=ServiceAccount",
+		"--allow-privileged=true",
+	}, dir)
+	if err != nil {
+		return err
+	}
+	crt := filepath.Join(pki, "apiserver.crt")
+	var client kubernetes.Interface
+	err = c.waitFor(ctx, "kube-apiserver /readyz and namespace default", []*Process{p}, func(ctx context.Context) (bool, error) {
+		if client == nil {
+			ca, err := os.ReadFile(crt) //nolint:gosec // G304: the API server's certificate in our own folder
+			if err != nil {
+				return false, nil // not written yet
+			}
+			c.State.CAData = ca
+			if client, err = kubernetes.NewForConfig(c.RESTConfig()); err != nil {
+				return false, fmt.Errorf("admin client: %w", err)
+			}
+		}
+		if _, err := client.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+			return false, nil
+		}
+		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return err
+	}
+	c.State.Kubeconfig = filepath.Join(c.State.Dir, "kubeconfig")
+	return c.writeKubeconfig(c.State.Kubeconfig)
+}
+
+// startScheduler starts kube-scheduler with the admin kubeconfig and waits for its /healthz.
+func (c *Cluster) startScheduler(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.State.Dir, "kube-scheduler")
+	p, err := c.start("kube-scheduler", "kube-scheduler", []string{
+		"--kubeconfig=" + c.State.Kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		"--leader-elect=false",
+	}, dir)
+	if err != nil {
+		return err
+	}
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed loopback health probe
+	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/healthz"
+	return c.waitFor(ctx, "kube-scheduler /healthz", []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, insecure, url), nil
+	})
+}
+
+// RESTConfig returns a client configuration for the admin user that verifies the API server's
+// certificate, allowing 1000 requests per second.
+func (c *Cluster) RESTConfig() *rest.Config {
+	return &rest.Config{
+		Host:            "https://127.0.0.1:" + strconv.Itoa(c.State.APIServerPort),
+		BearerToken:     c.State.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: append([]byte(nil), c.State.CAData...)},
+		QPS:             1000,
+		Burst:           10000,
+	}
+}
+
+// writeKubeconfig writes an admin kubeconfig with the CA and token inline to path (mode 0600).
+func (c *Cluster) writeKubeconfig(path string) error {
+	const name = "gpuslice-local"
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: c.RESTConfig().Host, CertificateAuthorityData: c.State.CAData}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: c.State.Token}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	cfg.CurrentContext = name
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("write kubeconfig %s: %w", path, err)
+	}
+	return nil
+}
+
+// httpOK reports whether a GET of url answers 200.
+func httpOK(ctx context.Context, client *http.Client, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}

@@ -1,0 +1,225 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// stopTimeout is how long Stop waits after SIGTERM before it sends SIGKILL, and again after.
+const stopTimeout = 15 * time.Second
+
+// Process is one component process. Its exported fields are what the state file keeps; a Process
+// read back from the state file (not started by this process) has no cmd and is watched through
+// /proc. Methods are not safe for concurrent use, except Exited.
+type Process struct {
+	// Name identifies the component, e.g. "etcd" or "node-1/kubelet".
+	Name string `json:"name"`
+	// PID is the process ID; it is also the process group ID.
+	PID int `json:"pid"`
+	// StartTime is field 22 of /proc/PID/stat, so that a PID reused by another process is not
+	// mistaken for this one.
+	StartTime uint64 `json:"startTime"`
+	// Log is the file that holds the process's stdout and stderr.
+	Log string `json:"log"`
+	// WorkDir is the process's working folder, empty when it started.
+	WorkDir string `json:"workDir"`
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd.Wait returns
+	// grace is how long Stop waits after SIGTERM; zero means stopTimeout.
+	grace time.Duration
+}
+
+// startProcess starts path with args as a new process group, in a new empty working folder
+// workDir, with stdout and stderr appended to logPath. With withParent, the kernel sends the
+// process SIGKILL when this process dies (PR_SET_PDEATHSIG: it survives exec, and Go only ends an OS
+// thread when a goroutine locked to it exits, which this package never does).
+func startProcess(name, path string, args []string, workDir, logPath string, withParent bool) (*Process, error) {
+	if err := os.MkdirAll(workDir, 0o750); err != nil {
+		return nil, fmt.Errorf("%s: create working folder: %w", name, err)
+	}
+	entries, err := os.ReadDir(workDir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read working folder: %w", name, err)
+	}
+	if len(entries) != 0 {
+		return nil, fmt.Errorf("%s: working folder %s must be empty", name, workDir)
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600) //nolint:gosec // G304: a log in the cluster's folder
+	if err != nil {
+		return nil, fmt.Errorf("%s: open log: %w", name, err)
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "=== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), path, strings.Join(args, " "))
+
+	cmd := exec.Command(path, args...) //nolint:gosec // G204: running the cluster binaries is this package's job
+	cmd.Dir = workDir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if withParent {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
+	}
+	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	if st, err := procStat(p.PID); err == nil {
+		p.StartTime = st.startTime
+	}
+	return p, nil
+}
+
+// Exited reports whether the process has ended (for a Process from the state file: whether no
+// process with its PID and start time is alive).
+func (p *Process) Exited() bool {
+	if p.done != nil {
+		select {
+		case <-p.done:
+			return true
+		default:
+			return false
+		}
+	}
+	st, err := procStat(p.PID)
+	return err != nil || st.startTime != p.StartTime || st.state == 'Z'
+}
+
+// Stop sends SIGTERM to the process group, waits up to stopTimeout for the process to end, then
+// sends SIGKILL to the group and waits again. It is idempotent and returns an error only when the
+// process is still alive after SIGKILL.
+func (p *Process) Stop() error {
+	if p.Exited() {
+		p.killGroup(syscall.SIGKILL) // stragglers of a dead leader, if any
+		return nil
+	}
+	p.killGroup(syscall.SIGTERM)
+	grace := p.grace
+	if grace == 0 {
+		grace = stopTimeout
+	}
+	if p.waitExit(grace) {
+		p.killGroup(syscall.SIGKILL)
+		return nil
+	}
+	p.killGroup(syscall.SIGKILL)
+	if !p.waitExit(stopTimeout) {
+		return fmt.Errorf("%s (pid %d) still alive after SIGKILL", p.Name, p.PID)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to the process group and waits for the process to end: a crash.
+func (p *Process) Kill() error {
+	p.killGroup(syscall.SIGKILL)
+	if !p.waitExit(stopTimeout) {
+		return fmt.Errorf("%s (pid %d) still alive after SIGKILL", p.Name, p.PID)
+	}
+	return nil
+}
+
+// killGroup signals the process group, but only while it is still this process's group. While the
+// leader lives (same start time), the group is signalled at once. Once the leader is gone, Linux
+// does not hand its PID to a new process while the group has members, so the processes whose group
+// is PID are ours and are signalled one by one; if a process with another start time holds the
+// PID, it was reused and nothing is signalled.
+func (p *Process) killGroup(sig syscall.Signal) {
+	st, err := procStat(p.PID)
+	switch {
+	case err == nil && st.startTime == p.StartTime && st.state != 'Z':
+		_ = syscall.Kill(-p.PID, sig)
+		return
+	case err == nil && st.startTime != p.StartTime:
+		return // the PID was reused
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == p.PID {
+			continue
+		}
+		if st, err := procStat(pid); err == nil && st.pgrp == p.PID {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
+}
+
+// waitExit polls until the process has ended or timeout passes, and reports whether it ended.
+func (p *Process) waitExit(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if p.Exited() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		if p.done != nil {
+			select {
+			case <-p.done:
+				return true
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		time.Sleep(50 * time.Millisecond) // polling /proc: nothing to wait on
+	}
+}
+
+// LogTail returns the last n lines of the process's log.
+func (p *Process) LogTail(n int) string {
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		return fmt.Sprintf("(read %s: %v)", p.Log, err)
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// stat is what procStat reads from /proc/PID/stat.
+type stat struct {
+	state     byte
+	pgrp      int
+	startTime uint64
+}
+
+// procStat reads /proc/pid/stat.
+func procStat(pid int) (stat, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return stat{}, fmt.Errorf("read stat of pid %d: %w", pid, err)
+	}
+	// The command name, in parentheses, may hold spaces: split after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return stat{}, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+2:]))
+	// f[0] is field 3 (state), f[2] field 5 (pgrp), f[19] field 22 (starttime).
+	if len(f) < 20 {
+		return stat{}, errors.New("short /proc stat")
+	}
+	pgrp, _ := strconv.Atoi(f[2])
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return stat{}, fmt.Errorf("parse start time: %w", err)
+	}
+	return stat{state: f[0][0], pgrp: pgrp, startTime: start}, nil
+}

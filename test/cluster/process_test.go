@@ -1,0 +1,107 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// TestStopFallsBackToSIGKILL stops a real process that ignores SIGTERM. Real: processes, signals
+// and /proc. Needs /bin/sh.
+func TestStopFallsBackToSIGKILL(t *testing.T) {
+	c := &Cluster{State: State{Dir: t.TempDir()}}
+	p, err := c.start("stubborn", "/bin/sh", []string{"-c", "trap '' TERM; while :; do sleep 0.1; done"}, c.State.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.grace = 200 * time.Millisecond
+	if err := p.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !p.Exited() {
+		t.Error("still running after Stop")
+	}
+}
+
+// TestDownStopsProcessGroups stops, through the state file only as another process would, a real
+// process and the child it started in its process group, and removes the folder. Real: processes,
+// signals and /proc. Needs /bin/sh and sleep.
+func TestDownStopsProcessGroups(t *testing.T) {
+	c := &Cluster{State: State{Dir: filepath.Join(t.TempDir(), "cluster")}}
+	childPIDFile := filepath.Join(c.State.Dir, "child.pid")
+	parent, err := c.start("parent", "/bin/sh", []string{"-c", `sleep 300 & echo $! > "$0"; wait`, childPIDFile}, c.State.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	child := waitChildPID(t, childPIDFile)
+
+	if err := Down(c.StatePath()); err != nil {
+		t.Fatalf("Down: %v", err)
+	}
+	if !parent.Exited() {
+		t.Error("parent still running after Down")
+	}
+	waitGone(t, child)
+	if _, err := os.Stat(c.State.Dir); !os.IsNotExist(err) {
+		t.Errorf("folder %s still there after Down (stat: %v)", c.State.Dir, err)
+	}
+	if err := Down(c.StatePath()); err != nil {
+		t.Errorf("second Down: %v, want nil (nothing left)", err)
+	}
+}
+
+// TestStopKillsStragglersOfADeadLeader stops the group of a real process that exited and left a
+// child behind. Real: processes, signals and /proc. Needs /bin/sh and sleep.
+func TestStopKillsStragglersOfADeadLeader(t *testing.T) {
+	c := &Cluster{State: State{Dir: t.TempDir()}}
+	childPIDFile := filepath.Join(c.State.Dir, "child.pid")
+	p, err := c.start("leader", "/bin/sh", []string{"-c", `sleep 300 & echo $! > "$0"`, childPIDFile}, c.State.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := waitChildPID(t, childPIDFile)
+	if !p.waitExit(10 * time.Second) {
+		t.Fatal("leader did not exit")
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	waitGone(t, child)
+}
+
+// waitChildPID waits for a shell to write a PID to path and returns it.
+func waitChildPID(t *testing.T, path string) int {
+	t.Helper()
+	var pid int
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return false, nil
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("child PID in %s: %v", path, err)
+	}
+	return pid
+}
+
+// waitGone fails t unless pid ends (or is a zombie) within 10 s.
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		st, err := procStat(pid)
+		return err != nil || st.state == 'Z', nil
+	})
+	if err != nil {
+		t.Errorf("process %d still running", pid)
+	}
+}

@@ -1,0 +1,8 @@
+// Command gpuslice-demo starts and stops the local demo cluster of package cluster: real etcd,
+// kube-apiserver, kube-scheduler and two real kubelets, each node with a real gpuslice-device-plugin
+// on fake GPUs (8×A100-80GB; 4×T4-16GB + 2×L4-24GB) and a fake container runtime, so that nothing
+// really runs in the pods. It needs root and the binaries of hack/build-cluster.sh.
+//
+//	gpuslice-demo up     start the cluster, create sample pods, print where they landed and the KUBECONFIG
+//	gpuslice-demo down   stop every process of the cluster and remove its folder
+package main

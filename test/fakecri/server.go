@@ -1,0 +1,119 @@
+package fakecri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+)
+
+// Server is a fake CRI runtime that records CreateContainer calls. It embeds the upstream fake, so
+// every other CRI method behaves exactly as there.
+type Server struct {
+	*fake.RemoteRuntime
+
+	grpc *grpc.Server
+
+	mu     sync.Mutex // serialises appends to out
+	out    *os.File
+	closed bool
+}
+
+// New returns a Server that appends a Record for each CreateContainer to the file at recordPath
+// (created if missing, mode 0600). The runtime and network report Ready from the start, and
+// every image "pulls" at once with a size of 1 MiB.
+func New(recordPath string) (*Server, error) {
+	out, err := os.OpenFile(recordPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600) //nolint:gosec // G304: the caller names its record file
+	if err != nil {
+		return nil, fmt.Errorf("open CRI record file: %w", err)
+	}
+	s := &Server{RemoteRuntime: fake.NewFakeRemoteRuntime(), grpc: grpc.NewServer(), out: out}
+	// The kubelet rejects an image whose size is 0 ("Id or size of image … is not set").
+	s.ImageService.SetFakeImageSize(1 << 20)
+	s.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+		{Type: runtimeapi.RuntimeReady, Status: true},
+		{Type: runtimeapi.NetworkReady, Status: true},
+	}}
+	// Our own gRPC server, registered with s rather than the embedded fake, so that our
+	// CreateContainer is the one served. (The fake's own Start registers the fake itself.)
+	runtimeapi.RegisterRuntimeServiceServer(s.grpc, s)
+	runtimeapi.RegisterImageServiceServer(s.grpc, s)
+	return s, nil
+}
+
+// Serve serves CRI on the unix socket at socketPath (removing a stale socket first) until Stop.
+func (s *Server) Serve(socketPath string) error {
+	if err := os.Remove(socketPath); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", socketPath)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", socketPath, err)
+	}
+	if err := s.grpc.Serve(ln); err != nil {
+		return fmt.Errorf("serve CRI: %w", err)
+	}
+	return nil
+}
+
+// Stop stops serving and closes the record file. It is idempotent.
+func (s *Server) Stop() {
+	s.grpc.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		_ = s.out.Close()
+	}
+}
+
+// CreateContainer records the request, then creates the container in the upstream fake.
+func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	if err := s.record(req); err != nil {
+		return nil, err
+	}
+	return s.RemoteRuntime.CreateContainer(ctx, req)
+}
+
+// record appends req as one Record line.
+func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
+	r := Record{Env: map[string]string{}}
+	if md := req.GetSandboxConfig().GetMetadata(); md != nil {
+		r.Namespace, r.Pod, r.PodUID = md.GetNamespace(), md.GetName(), md.GetUid()
+	}
+	cfg := req.GetConfig()
+	if md := cfg.GetMetadata(); md != nil {
+		r.Container, r.Attempt = md.GetName(), md.GetAttempt()
+	}
+	for _, kv := range cfg.GetEnvs() {
+		r.Env[kv.GetKey()] = string(kv.GetValue())
+	}
+	for _, m := range cfg.GetMounts() {
+		r.Mounts = append(r.Mounts, Mount{ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), ReadOnly: m.GetReadonly()})
+	}
+	for _, d := range cfg.GetDevices() {
+		r.Devices = append(r.Devices, Device{ContainerPath: d.GetContainerPath(), HostPath: d.GetHostPath(), Permissions: d.GetPermissions()})
+	}
+	for _, d := range cfg.GetCDIDevices() {
+		r.CDIDevices = append(r.CDIDevices, d.GetName())
+	}
+	line, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode CRI record: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("fake CRI stopped")
+	}
+	if _, err := s.out.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("append CRI record: %w", err)
+	}
+	return nil
+}
