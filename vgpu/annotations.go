@@ -46,6 +46,36 @@ const (
 	AnnotationPodAllocation = "hami.io/gpu-allocation"
 )
 
+// Placement annotations a user may set on a Pod. Unlike the values above they
+// are short plain strings a person writes, not versioned JSON; the webhook
+// passes them through and the scheduler extender reads them all at once with
+// ParseConstraints. A missing or empty annotation means no constraint (or the
+// global default policy). docs/protocol.md describes each.
+const (
+	// AnnotationGPUModel restricts the pod to GPUs whose model contains one
+	// of these comma-separated substrings, case-insensitive ("A100,H100").
+	AnnotationGPUModel = "hami.io/gpu-model"
+	// AnnotationGPUModelExclude keeps the pod off GPUs whose model contains
+	// any of these comma-separated substrings, case-insensitive.
+	AnnotationGPUModelExclude = "hami.io/gpu-model-exclude"
+	// AnnotationGPUUUID restricts the pod to the GPUs with these
+	// comma-separated UUIDs.
+	AnnotationGPUUUID = "hami.io/gpu-uuid"
+	// AnnotationGPUUUIDExclude keeps the pod off the GPUs with these
+	// comma-separated UUIDs.
+	AnnotationGPUUUIDExclude = "hami.io/gpu-uuid-exclude"
+	// AnnotationNUMABind, "true" or "false", asks that all GPUs of each
+	// container share one NUMA node.
+	AnnotationNUMABind = "hami.io/numa-bind"
+	// AnnotationNodePolicy overrides the global node policy for this pod:
+	// "binpack", "spread" or "fragmentation" (Policy).
+	AnnotationNodePolicy = "hami.io/node-policy"
+	// AnnotationGPUPolicy overrides the global GPU policy (how GPUs are
+	// chosen inside a node) for this pod; same values as
+	// AnnotationNodePolicy.
+	AnnotationGPUPolicy = "hami.io/gpu-policy"
+)
+
 const (
 	// Version1 is the first version of every value in this protocol.
 	// Readers reject any version they do not know (ErrUnknownVersion); a

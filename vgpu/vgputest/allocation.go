@@ -49,3 +49,13 @@ func (b *AllocationBuilder) Obj() vgpu.PodAllocation {
 	}
 	return a
 }
+
+// Usage returns the usage of pods holding allocs, each added with a zero
+// request (every init container counted as a sidecar, none exclusive).
+func Usage(allocs ...vgpu.PodAllocation) *vgpu.NodeUsage {
+	u := &vgpu.NodeUsage{}
+	for _, a := range allocs {
+		u.Add(a, vgpu.PodRequest{})
+	}
+	return u
+}

@@ -47,6 +47,37 @@ func (b *NodeBuilder) Unhealthy(uuid string) *NodeBuilder {
 	return b
 }
 
+// Model sets the model of the GPU with this UUID; it does nothing when
+// there is none.
+func (b *NodeBuilder) Model(uuid, model string) *NodeBuilder {
+	return b.set(uuid, func(g *vgpu.GPU) { g.Model = model })
+}
+
+// NUMA sets the NUMA node of the GPU with this UUID (-1 for unknown).
+func (b *NodeBuilder) NUMA(uuid string, node int) *NodeBuilder {
+	return b.set(uuid, func(g *vgpu.GPU) { g.NUMANode = node })
+}
+
+// Cores sets the compute the GPU with this UUID offers to slices.
+func (b *NodeBuilder) Cores(uuid string, percent int) *NodeBuilder {
+	return b.set(uuid, func(g *vgpu.GPU) { g.CoresPercent = percent })
+}
+
+// Schedulable sets the schedulable memory of the GPU with this UUID, as
+// after a driver reserve or memory scaling.
+func (b *NodeBuilder) Schedulable(uuid string, memoryMiB int64) *NodeBuilder {
+	return b.set(uuid, func(g *vgpu.GPU) { g.SchedulableMemoryMiB = memoryMiB })
+}
+
+func (b *NodeBuilder) set(uuid string, f func(*vgpu.GPU)) *NodeBuilder {
+	for i := range b.inv.GPUs {
+		if b.inv.GPUs[i].UUID == uuid {
+			f(&b.inv.GPUs[i])
+		}
+	}
+	return b
+}
+
 // SplitCount sets how many slices one GPU may hold.
 func (b *NodeBuilder) SplitCount(n int) *NodeBuilder {
 	b.inv.SplitCount = n

@@ -135,3 +135,13 @@ func setQuantity(list corev1.ResourceList, name corev1.ResourceName, quantity st
 	list[name] = q
 	return list
 }
+
+// PodRequest returns the vgpu.PodRequest of the pod built so far; a pod that
+// vgpu rejects is a mistake in the test and panics.
+func (b *PodBuilder) PodRequest() vgpu.PodRequest {
+	r, err := vgpu.RequestFromPod(&b.pod)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSimulate(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join("..", "..", "vgpu", "simulate", "testdata")
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"simulate",
+		"--trace", filepath.Join(dir, "pods.csv"), "--nodes", filepath.Join(dir, "nodes.csv"),
+		"--seeds", "2", "--expected", filepath.Join(dir, "published.csv"),
+	}, &out)
+	if err != nil {
+		t.Fatalf("run() error = %v\n%s", err, out.String())
+	}
+	for _, want := range []string{
+		"trace pods.csv: 40 tasks; nodes nodes.csv: 5 nodes, 23 GPUs; seeds 42..43",
+		"fragmentation", "binpack", "spread", "random",
+		"FGD              4.77%",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	t.Parallel()
+	tests := map[string]struct {
+		args []string
+		want string
+	}{
+		"no command":      {nil, "no command given"},
+		"unknown command": {[]string{"bake"}, `unknown command "bake"`},
+		"missing flags":   {[]string{"simulate"}, "--trace: required\n--nodes: required"},
+		"bad policy": {[]string{"simulate", "--trace", "a", "--nodes", "b", "--policy", "tetris"},
+			`--policy="tetris": must be all or one of random, spread, binpack, fragmentation`},
+		"missing file": {[]string{"simulate", "--trace", "a", "--nodes", "nope.csv"}, "open nope.csv"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			err := run(context.Background(), tt.args, &out)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(%q) error = %v, want it to contain %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}

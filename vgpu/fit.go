@@ -1,0 +1,435 @@
+package vgpu
+
+import "slices"
+
+// Reason is why a pod does not fit a node, one constant per cause so that
+// callers can count rejections by reason.
+type Reason string
+
+const (
+	// ReasonUnhealthy means the node has fewer healthy GPUs than a container
+	// asks for (or none at all).
+	ReasonUnhealthy Reason = "NotEnoughHealthyGPUs"
+	// ReasonModel means too few healthy GPUs pass the model filter.
+	ReasonModel Reason = "GPUModel"
+	// ReasonUUID means too few healthy GPUs of the right model pass the UUID
+	// filter.
+	ReasonUUID Reason = "GPUUUID"
+	// ReasonNoFreeSlice means too few admitted GPUs have a free slice (at most
+	// NodeInventory.SplitCount slices per GPU; a whole-GPU container needs
+	// an untouched GPU).
+	ReasonNoFreeSlice Reason = "NoFreeSlice"
+	// ReasonInsufficientMemory means too few GPUs with a free slice have the
+	// memory a slice needs.
+	ReasonInsufficientMemory Reason = "InsufficientMemory"
+	// ReasonInsufficientCores means too few GPUs with a free slice and memory
+	// have the compute a slice reserves.
+	ReasonInsufficientCores Reason = "InsufficientCores"
+	// ReasonNUMA means enough GPUs fit, but no NUMA node has enough of them for
+	// a container that asked for NUMA binding.
+	ReasonNUMA Reason = "NUMA"
+)
+
+// FitError says why a pod does not fit a node. Fit returns it as the only
+// error type; callers read it with errors.As.
+type FitError struct {
+	// Reason is the cause, for counting.
+	Reason Reason
+	// Message says what was needed and what the node has, in words a user
+	// can act on, e.g. "insufficient memory: needs 20480 MiB, largest free
+	// 16384 MiB on GPU-1". It names the container when the pod has more
+	// than one asking for GPUs.
+	Message string
+}
+
+// Error returns the message.
+func (e *FitError) Error() string { return e.Message }
+
+// Fit finds GPUs on node for every container of pod.Request, given what
+// the pods already on the node hold and pod.Constraints. Each container
+// gets GPUs distinct from each other; every GPU must be Healthy, pass the
+// model and UUID filters, have a free slice (at most SplitCount per GPU;
+// whole-GPU containers need an untouched GPU and take all its slices), the
+// slice's memory (MemoryMiB, or MemoryPercent of the GPU's
+// SchedulableMemoryMiB rounded down; whole-GPU containers take all of it)
+// and its compute (CoresPercent, counted against the GPU's CoresPercent; 0
+// reserves none). With NUMABind, all GPUs of a container share a NUMA
+// node. The pod's containers are counted by phase, as NodeUsage describes:
+// regular init containers may reuse what the app containers hold.
+//
+// Among GPUs that fit, the GPU policy picks (binpack: most used first;
+// spread: least used first; fragmentation: least increase of
+// Fragmentation first, then most used); remaining ties go to the lower
+// position in node.Inventory.GPUs (Index order). Containers are placed one
+// at a time, sidecars and app containers first in request order, then
+// regular init containers; Fit does not backtrack, so a pod whose
+// containers fit only in another arrangement is reported as not fitting.
+//
+// On failure it returns a zero Placement and a *FitError about the first
+// container that does not fit. A pod that asks for no GPU fits any node
+// with an allocation without containers. Fit is pure, deterministic and
+// safe to call concurrently; it does not modify its arguments.
+func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
+	req, c := pod.Request, pod.Constraints
+	p := Placement{
+		Allocation: PodAllocation{Node: node.Inventory.Node},
+		NodePolicy: resolve(c.NodePolicy, opts.NodePolicy),
+		GPUPolicy:  resolve(c.GPUPolicy, opts.GPUPolicy),
+	}
+	var buf fitBuffers
+	state := initFitState(req, node.Inventory, node.Usage, &buf)
+	s := &state
+	s.workload, s.hostFree, s.podHost = opts.Workload, node.HostFree, pod.Host
+	p.HealthyGPUs = s.healthy
+	if len(req.Containers) == 0 {
+		s.measure(&p)
+		return p, nil
+	}
+	var chosenBuf [8][]int
+	chosen := chosenBuf[:0]
+	if len(req.Containers) > len(chosenBuf) {
+		chosen = make([][]int, 0, len(req.Containers))
+	}
+	chosen = chosen[:len(req.Containers)]
+	// Sidecars and app containers first, then regular init containers.
+	app := s.ph.count - 1
+	for _, appPhase := range []bool{true, false} {
+		for ci := range req.Containers {
+			if s.ph.in(ci, app) != appPhase {
+				continue
+			}
+			gpus, err := s.choose(ci, c, p.GPUPolicy)
+			if err != nil {
+				return Placement{}, err
+			}
+			chosen[ci] = gpus
+		}
+	}
+	slicesTotal := 0
+	for _, g := range chosen {
+		slicesTotal += len(g)
+	}
+	all := make([]GPUSlice, slicesTotal)
+	p.Allocation.Containers = make([]ContainerAllocation, len(req.Containers))
+	for ci, cr := range req.Containers {
+		ca := ContainerAllocation{Name: cr.Name, Init: cr.Init, GPUs: all[:len(chosen[ci]):len(chosen[ci])]}
+		all = all[len(chosen[ci]):]
+		for k, gi := range chosen[ci] {
+			use := s.need(ci, gi)
+			ca.GPUs[k] = GPUSlice{UUID: node.Inventory.GPUs[gi].UUID, MemoryMiB: use.MemoryMiB, CoresPercent: use.CoresPercent}
+		}
+		p.Allocation.Containers[ci] = ca
+	}
+	s.measure(&p)
+	return p, nil
+}
+
+// measure fills p's Used and Fragmentation figures from the node without
+// and with the pod. It runs only once the pod fits, so nodes that reject it
+// cost no more than the filters.
+func (s *fitState) measure(p *Placement) {
+	p.UsedAfter = s.used()
+	if p.NodePolicy == PolicyFragmentation {
+		p.FragmentationAfter = s.fragModel().node(s, true)
+	}
+	s.baseOnly = true
+	p.UsedBefore = s.used()
+	if p.NodePolicy == PolicyFragmentation {
+		p.FragmentationBefore = s.fragModel().node(s, false)
+	}
+	s.baseOnly = false
+}
+
+// fragModel returns the fragmentation model of this call, built on first
+// use.
+func (s *fitState) fragModel() *fragModel {
+	if s.frag == nil {
+		w := s.workload
+		if w == nil {
+			w = DefaultWorkload()
+		}
+		s.frag = newFragModel(w, s.hostFree, s.podHost)
+	}
+	return s.frag
+}
+
+func resolve(pod, global Policy) Policy {
+	switch {
+	case pod != "":
+		return pod
+	case global != "":
+		return global
+	}
+	return PolicyBinpack
+}
+
+// fitState is the working state of one Fit call: per GPU what other pods
+// hold (base) and what this pod holds in each phase (own).
+type fitState struct {
+	req     PodRequest
+	node    NodeInventory
+	ph      phases
+	base    []GPUUsage // by GPU position in node.GPUs
+	own     []GPUUsage // own[p*len(GPUs)+gi]
+	healthy int
+	// baseOnly makes total ignore the pod, to measure the node before it.
+	baseOnly bool
+	// workload, hostFree and podHost feed frag, built on first use.
+	workload *Workload
+	hostFree *HostResources
+	podHost  HostResources
+	frag     *fragModel
+	// scratch buffers reused across containers.
+	cands []candidate
+	picks []int
+}
+
+// fitBuffers is storage a caller may keep on its stack so that small nodes
+// and pods cost no allocation.
+type fitBuffers struct {
+	usages [24]GPUUsage
+	cands  [16]candidate
+	picks  [16]int
+	masks  [8]uint64
+}
+
+type candidate struct {
+	gi   int
+	key  float64 // policy key, lower is better
+	used float64
+}
+
+func newFitState(req PodRequest, node NodeInventory, usage *NodeUsage) *fitState {
+	s := initFitState(req, node, usage, &fitBuffers{})
+	return &s
+}
+
+// initFitState returns the state of one Fit call, using buf where it has
+// room. It returns a value so that callers can keep it on their stack.
+func initFitState(req PodRequest, node NodeInventory, usage *NodeUsage, buf *fitBuffers) fitState {
+	g := len(node.GPUs)
+	s := fitState{req: req, node: node}
+	s.ph = newPhases(req.Containers, buf.masks[:0])
+	var usages []GPUUsage
+	if n := g * (1 + s.ph.count); n <= len(buf.usages) {
+		usages = buf.usages[:n]
+	} else {
+		usages = make([]GPUUsage, n)
+	}
+	s.base, s.own = usages[:g:g], usages[g:]
+	for i := range node.GPUs {
+		if node.GPUs[i].Health == Healthy {
+			s.healthy++
+		}
+		if usage != nil && len(usage.gpus) > 0 {
+			s.base[i] = usage.gpus[node.GPUs[i].UUID]
+		}
+	}
+	s.cands = buf.cands[:0]
+	s.picks = buf.picks[:0]
+	return s
+}
+
+// need is what container ci holds on GPU gi.
+func (s *fitState) need(ci, gi int) GPUUsage {
+	cr := s.req.Containers[ci]
+	g := &s.node.GPUs[gi]
+	use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
+	if cr.MemoryMiB == 0 {
+		use.MemoryMiB = g.SchedulableMemoryMiB * int64(cr.MemoryPercent) / MaxPercent
+	}
+	if cr.Exclusive {
+		use.MemoryMiB, use.Exclusive = g.SchedulableMemoryMiB, 1
+	}
+	return use
+}
+
+// peak is what the pod holds on gi (the max over phases), plus add in the
+// phases of container ci when ci >= 0.
+func (s *fitState) peak(gi, ci int, add GPUUsage) GPUUsage {
+	var out GPUUsage
+	n := len(s.node.GPUs)
+	for p := range s.ph.count {
+		u := s.own[p*n+gi]
+		if ci >= 0 && s.ph.in(ci, p) {
+			u = u.add(add, 1)
+		}
+		out = out.max(u)
+	}
+	return out
+}
+
+// total is what gi holds with the pod as placed so far.
+func (s *fitState) total(gi int) GPUUsage {
+	if s.baseOnly {
+		return s.base[gi]
+	}
+	return s.base[gi].add(s.peak(gi, -1, GPUUsage{}), 1)
+}
+
+// check reports which of slices, memory and cores let container ci take a
+// slice of gi.
+func (s *fitState) check(ci, gi int) (slicesOK, memOK, coresOK bool) {
+	g := &s.node.GPUs[gi]
+	use := s.need(ci, gi)
+	n := len(s.node.GPUs)
+	ownFree := true
+	for p := range s.ph.count {
+		if !s.ph.in(ci, p) {
+			continue
+		}
+		if u := s.own[p*n+gi]; u.Exclusive > 0 || (use.Exclusive > 0 && u != (GPUUsage{})) {
+			ownFree = false
+		}
+	}
+	b := s.base[gi]
+	t := b.add(s.peak(gi, ci, use), 1)
+	if use.Exclusive > 0 {
+		slicesOK = ownFree && b == (GPUUsage{})
+	} else {
+		slicesOK = ownFree && b.Exclusive == 0 && t.Slices <= s.node.SplitCount
+	}
+	memOK = use.MemoryMiB > 0 && t.MemoryMiB <= g.SchedulableMemoryMiB
+	coresOK = t.CoresPercent <= g.CoresPercent
+	return slicesOK, memOK, coresOK
+}
+
+// used returns the healthy capacity in use, in GPUs.
+func (s *fitState) used() float64 {
+	var sum float64
+	for gi := range s.node.GPUs {
+		if s.node.GPUs[gi].Health == Healthy {
+			sum += usedShare(&s.node.GPUs[gi], s.total(gi), s.node.SplitCount)
+		}
+	}
+	return sum
+}
+
+// usedShare is the share of g that u holds, 0 to 1: the larger of the
+// memory and compute shares, and 1 when no slice is free.
+func usedShare(g *GPU, u GPUUsage, split int) float64 {
+	if u.Exclusive > 0 || u.Slices >= split || g.SchedulableMemoryMiB <= 0 {
+		return 1
+	}
+	share := float64(u.MemoryMiB) / float64(g.SchedulableMemoryMiB)
+	if g.CoresPercent > 0 {
+		share = max(share, float64(u.CoresPercent)/float64(g.CoresPercent))
+	}
+	return min(share, 1)
+}
+
+// choose picks the GPUs of container ci and records them in s.own.
+func (s *fitState) choose(ci int, c Constraints, policy Policy) ([]int, error) {
+	cr := s.req.Containers[ci]
+	k := cr.GPUs
+	f := filterCounts{}
+	s.cands = s.cands[:0]
+	for gi := range s.node.GPUs {
+		g := &s.node.GPUs[gi]
+		if g.Health != Healthy {
+			continue
+		}
+		f.healthy++
+		modelOK, uuidOK := c.admits(g)
+		if !modelOK {
+			continue
+		}
+		f.model++
+		if !uuidOK {
+			continue
+		}
+		f.uuid++
+		slicesOK, memOK, coresOK := s.check(ci, gi)
+		if !slicesOK {
+			continue
+		}
+		f.slices++
+		if !memOK {
+			continue
+		}
+		f.memory++
+		if !coresOK {
+			continue
+		}
+		s.cands = append(s.cands, candidate{gi: gi})
+	}
+	if len(s.cands) < k {
+		return nil, s.explain(ci, c, f)
+	}
+	s.rank(ci, policy)
+	picked := s.pick(k, c.NUMABind)
+	if picked == nil {
+		return nil, s.numaError(ci)
+	}
+	n := len(s.node.GPUs)
+	for _, gi := range picked {
+		use := s.need(ci, gi)
+		for p := range s.ph.count {
+			if s.ph.in(ci, p) {
+				s.own[p*n+gi] = s.own[p*n+gi].add(use, 1)
+			}
+		}
+	}
+	return picked, nil
+}
+
+// rank orders s.cands best first under policy; ties go to the lower index.
+func (s *fitState) rank(ci int, policy Policy) {
+	if policy == PolicyFragmentation {
+		s.fragModel().stats(s)
+	}
+	for i := range s.cands {
+		cd := &s.cands[i]
+		before := s.total(cd.gi)
+		cd.used = usedShare(&s.node.GPUs[cd.gi], before, s.node.SplitCount)
+		switch policy {
+		case PolicySpread:
+			cd.key = cd.used
+		case PolicyFragmentation:
+			after := s.base[cd.gi].add(s.peak(cd.gi, ci, s.need(ci, cd.gi)), 1)
+			cd.key = s.frag.delta(s, cd.gi, before, after)
+		default:
+			cd.key = -cd.used
+		}
+	}
+	slices.SortStableFunc(s.cands, func(a, b candidate) int {
+		switch {
+		case a.key < b.key:
+			return -1
+		case a.key > b.key:
+			return 1
+		case a.used > b.used: // fragmentation ties: fuller first
+			return -1
+		case a.used < b.used:
+			return 1
+		}
+		return a.gi - b.gi
+	})
+}
+
+// pick returns the first k ranked candidates; with numa, the first k of
+// the NUMA node of the best-ranked GPU whose NUMA node has k candidates,
+// or nil when none has.
+func (s *fitState) pick(k int, numa bool) []int {
+	start := len(s.picks)
+	if !numa || k == 1 {
+		for _, cd := range s.cands[:k] {
+			s.picks = append(s.picks, cd.gi)
+		}
+		return s.picks[start:]
+	}
+	for _, lead := range s.cands {
+		node := s.node.GPUs[lead.gi].NUMANode
+		s.picks = s.picks[:start]
+		for _, cd := range s.cands {
+			if s.node.GPUs[cd.gi].NUMANode == node {
+				s.picks = append(s.picks, cd.gi)
+				if len(s.picks)-start == k {
+					return s.picks[start:]
+				}
+			}
+		}
+	}
+	s.picks = s.picks[:start]
+	return nil
+}

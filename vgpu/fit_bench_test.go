@@ -1,0 +1,71 @@
+package vgpu_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// benchCluster is nodes of 8 GPUs of 80 GiB, each with a few slices taken.
+func benchCluster(nodes int) ([]vgpu.NodeInventory, []*vgpu.NodeUsage) {
+	invs := make([]vgpu.NodeInventory, nodes)
+	usages := make([]*vgpu.NodeUsage, nodes)
+	for i := range nodes {
+		b := vgputest.Node(fmt.Sprintf("n%d", i))
+		for g := range 8 {
+			b.GPU(fmt.Sprintf("GPU-%d-%d", i, g), 81920)
+		}
+		invs[i] = b.Obj()
+		a := vgputest.Allocation(invs[i].Node).
+			Slice(invs[i].GPUs[i%8].UUID, 20480, 30).
+			Container("b").Slice(invs[i].GPUs[(i+3)%8].UUID, 40960, 0).Obj()
+		usages[i] = vgputest.Usage(a)
+	}
+	return invs, usages
+}
+
+// BenchmarkFit times Fit over 5,000 nodes of 8 GPUs for one pod (a
+// scheduler's filter plus score), per GPU policy, beside a trivial
+// baseline measured in the same run: a loop that only sums each GPU's
+// free memory from the same NodeUsage. It reports ms per 5,000 nodes and
+// the ratio to the baseline.
+func BenchmarkFit(b *testing.B) {
+	const nodes = 5000
+	invs, usages := benchCluster(nodes)
+	req := vgputest.Pod("p").MemoryMiB(10240).Cores(20).PodRequest()
+	baseline := func() int64 {
+		var free int64
+		for i := range invs {
+			for _, g := range invs[i].GPUs {
+				free += g.SchedulableMemoryMiB - usages[i].GPU(g.UUID).MemoryMiB
+			}
+		}
+		return free
+	}
+	for _, policy := range vgpu.Policies() {
+		b.Run(string(policy), func(b *testing.B) {
+			opts := vgpu.FitOptions{NodePolicy: policy, GPUPolicy: policy, Workload: vgpu.DefaultWorkload()}
+			start := time.Now()
+			rounds := 0
+			for ; time.Since(start) < 50*time.Millisecond; rounds++ {
+				baseline()
+			}
+			base := time.Since(start) / time.Duration(rounds)
+			b.ResetTimer()
+			for b.Loop() {
+				for i := range invs {
+					p, err := vgpu.Fit(vgpu.PodDemand{Request: req}, vgpu.NodeState{Inventory: invs[i], Usage: usages[i]}, opts)
+					if err == nil {
+						vgpu.Score(p)
+					}
+				}
+			}
+			per := b.Elapsed() / time.Duration(b.N)
+			b.ReportMetric(float64(per.Microseconds())/1000, "ms/5000nodes")
+			b.ReportMetric(float64(per)/float64(base), "x-baseline")
+		})
+	}
+}

@@ -1,0 +1,213 @@
+package vgpu
+
+import (
+	"fmt"
+	"strings"
+)
+
+// filterCounts counts the GPUs left after each of Fit's filters, in order.
+type filterCounts struct {
+	healthy, model, uuid, slices, memory int
+}
+
+// explain builds the FitError for container ci, which needed more GPUs than
+// the filters in f left.
+func (s *fitState) explain(ci int, c Constraints, f filterCounts) error {
+	cr := s.req.Containers[ci]
+	k := cr.GPUs
+	var reason Reason
+	var msg string
+	switch {
+	case f.healthy < k:
+		reason = ReasonUnhealthy
+		switch {
+		case len(s.node.GPUs) == 0:
+			msg = fmt.Sprintf("not enough healthy GPUs: needs %d, node has no GPU", k)
+		default:
+			msg = fmt.Sprintf("not enough healthy GPUs: needs %d, node has %d healthy of %d", k, f.healthy, len(s.node.GPUs))
+		}
+	case f.model < k:
+		reason = ReasonModel
+		want := modelFilter(c)
+		if f.model == 0 {
+			msg = fmt.Sprintf("no GPU of model %s (node has: %s)", want, s.models())
+		} else {
+			msg = fmt.Sprintf("not enough GPUs of model %s: needs %d, node has %d (node has: %s)", want, k, f.model, s.models())
+		}
+	case f.uuid < k:
+		reason = ReasonUUID
+		msg = fmt.Sprintf("not enough GPUs pass the UUID filter (%s): needs %d, %d of %d healthy GPUs pass", uuidFilter(c), k, f.uuid, f.model)
+	case f.slices < k:
+		reason = ReasonNoFreeSlice
+		if cr.Exclusive {
+			msg = fmt.Sprintf("no free slice: needs %s untouched for whole-GPU use, %d %s", gpus(k), f.slices, isAre(f.slices))
+		} else {
+			msg = fmt.Sprintf("no free slice: needs a free slice on %s, %d of %d %s one (at most %d slices per GPU)", gpus(k), f.slices, f.uuid, hasHave(f.uuid), s.node.SplitCount)
+		}
+	case f.memory < k:
+		reason = ReasonInsufficientMemory
+		msg = s.memoryMessage(ci, c, k, f.memory)
+	default:
+		reason = ReasonInsufficientCores
+		msg = s.coresMessage(ci, c, k, len(s.cands))
+	}
+	return &FitError{Reason: reason, Message: s.prefix(ci) + msg}
+}
+
+func (s *fitState) memoryMessage(ci int, c Constraints, k, fitting int) string {
+	cr := s.req.Containers[ci]
+	best, bestFree := -1, int64(-1)
+	s.eachSliceable(ci, c, func(gi int, memOK, _ bool) {
+		if memOK {
+			return
+		}
+		free := s.node.GPUs[gi].SchedulableMemoryMiB - s.total(gi).MemoryMiB
+		if free > bestFree {
+			best, bestFree = gi, free
+		}
+	})
+	needs := fmt.Sprintf("%d MiB", cr.MemoryMiB)
+	largest := fmt.Sprintf("%d MiB", bestFree)
+	if cr.MemoryMiB == 0 {
+		needs = fmt.Sprintf("%d%% of GPU memory", cr.MemoryPercent)
+		if sched := s.node.GPUs[best].SchedulableMemoryMiB; sched > 0 {
+			largest = fmt.Sprintf("%d%% (%d MiB)", bestFree*100/sched, bestFree)
+		}
+	}
+	if k == 1 {
+		return fmt.Sprintf("insufficient memory: needs %s, largest free %s on %s", needs, largest, s.node.GPUs[best].UUID)
+	}
+	return fmt.Sprintf("insufficient memory: needs %s on each of %s, %d %s it free; largest free elsewhere %s on %s",
+		needs, gpus(k), fitting, hasHave(fitting), largest, s.node.GPUs[best].UUID)
+}
+
+func (s *fitState) coresMessage(ci int, c Constraints, k, fitting int) string {
+	cr := s.req.Containers[ci]
+	best, bestFree := -1, -1
+	s.eachSliceable(ci, c, func(gi int, memOK, coresOK bool) {
+		if !memOK || coresOK {
+			return
+		}
+		free := s.node.GPUs[gi].CoresPercent - s.total(gi).CoresPercent
+		if free > bestFree {
+			best, bestFree = gi, free
+		}
+	})
+	if k == 1 {
+		return fmt.Sprintf("insufficient cores: needs %d%%, largest free %d%% on %s", cr.CoresPercent, bestFree, s.node.GPUs[best].UUID)
+	}
+	return fmt.Sprintf("insufficient cores: needs %d%% on each of %s, %d %s it free; largest free elsewhere %d%% on %s",
+		cr.CoresPercent, gpus(k), fitting, hasHave(fitting), bestFree, s.node.GPUs[best].UUID)
+}
+
+// eachSliceable calls fn for each healthy, admitted GPU with a free slice
+// for container ci, in index order.
+func (s *fitState) eachSliceable(ci int, c Constraints, fn func(gi int, memOK, coresOK bool)) {
+	for gi := range s.node.GPUs {
+		g := &s.node.GPUs[gi]
+		if g.Health != Healthy {
+			continue
+		}
+		if modelOK, uuidOK := c.admits(g); !modelOK || !uuidOK {
+			continue
+		}
+		if slicesOK, memOK, coresOK := s.check(ci, gi); slicesOK {
+			fn(gi, memOK, coresOK)
+		}
+	}
+}
+
+func (s *fitState) numaError(ci int) error {
+	counts := map[int]int{}
+	var order []int
+	for _, cd := range s.cands {
+		n := s.node.GPUs[cd.gi].NUMANode
+		if counts[n] == 0 {
+			order = append(order, n)
+		}
+		counts[n]++
+	}
+	parts := make([]string, 0, len(order))
+	for _, n := range order {
+		parts = append(parts, fmt.Sprintf("%d: %d", n, counts[n]))
+	}
+	k := s.req.Containers[ci].GPUs
+	return &FitError{Reason: ReasonNUMA, Message: s.prefix(ci) + fmt.Sprintf(
+		"no NUMA node has %d fitting GPUs for hami.io/numa-bind (fitting GPUs per NUMA node: %s)", k, strings.Join(parts, ", "))}
+}
+
+// prefix names the container when the pod has more than one.
+func (s *fitState) prefix(ci int) string {
+	if len(s.req.Containers) < 2 {
+		return ""
+	}
+	cr := s.req.Containers[ci]
+	if cr.Init {
+		return fmt.Sprintf("init container %q: ", cr.Name)
+	}
+	return fmt.Sprintf("container %q: ", cr.Name)
+}
+
+// models lists the node's healthy GPU models with counts, in index order
+// of first appearance: "Tesla T4 x4, NVIDIA A10 x1".
+func (s *fitState) models() string {
+	counts := map[string]int{}
+	var order []string
+	for _, g := range s.node.GPUs {
+		if g.Health != Healthy {
+			continue
+		}
+		if counts[g.Model] == 0 {
+			order = append(order, g.Model)
+		}
+		counts[g.Model]++
+	}
+	parts := make([]string, 0, len(order))
+	for _, m := range order {
+		parts = append(parts, fmt.Sprintf("%s x%d", m, counts[m]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func modelFilter(c Constraints) string {
+	var parts []string
+	if len(c.Models) > 0 {
+		parts = append(parts, strings.Join(c.Models, " or "))
+	}
+	if len(c.ExcludeModels) > 0 {
+		parts = append(parts, "not "+strings.Join(c.ExcludeModels, " nor "))
+	}
+	return strings.Join(parts, " and ")
+}
+
+func uuidFilter(c Constraints) string {
+	var parts []string
+	if len(c.UUIDs) > 0 {
+		parts = append(parts, AnnotationGPUUUID+"="+strings.Join(c.UUIDs, ","))
+	}
+	if len(c.ExcludeUUIDs) > 0 {
+		parts = append(parts, AnnotationGPUUUIDExclude+"="+strings.Join(c.ExcludeUUIDs, ","))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func gpus(n int) string {
+	if n == 1 {
+		return "1 GPU"
+	}
+	return fmt.Sprintf("%d GPUs", n)
+}
+
+func hasHave(n int) string {
+	if n == 1 {
+		return "has"
+	}
+	return "have"
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
+}

@@ -1,0 +1,334 @@
+package vgpu
+
+import "slices"
+
+// Workload is a distribution of typical requests: the yardstick that
+// PolicyFragmentation measures free GPU capacity against. Free capacity
+// that typical requests cannot use is fragmented. Build one with
+// NewWorkload or Add from the requests a cluster sees, or use
+// DefaultWorkload. The zero value has no classes and sees every free GPU
+// as usable (no fragmentation). Fit and Fragmentation only read it; Add
+// must not run concurrently with them.
+type Workload struct {
+	classes []WorkloadClass
+	// shapes are the distinct GPU parts of classes; shapeOf maps a class
+	// to its shape. Fit works per shape, so classes that differ only in
+	// host requests cost little.
+	shapes  []WorkloadClass
+	shapeOf []int
+	total   float64
+}
+
+// WorkloadClass is one request shape of a Workload: what one container
+// asks for on each of its GPUs, as in ContainerRequest, plus the model
+// filter and host requests of pods that ask for it, and how common it is.
+type WorkloadClass struct {
+	// GPUs is how many GPUs the container needs, each with this slice. 0
+	// is a pod without GPUs: it uses no GPU capacity, but a node whose host
+	// it no longer fits on has all its free GPU capacity fragmented for it.
+	GPUs int
+	// MemoryMiB or MemoryPercent (of SchedulableMemoryMiB) is the slice's
+	// memory; exactly one is above 0.
+	MemoryMiB     int64
+	MemoryPercent int
+	// CoresPercent is the compute the slice reserves; 0 reserves none.
+	CoresPercent int
+	// Exclusive means whole, untouched GPUs.
+	Exclusive bool
+	// Models and ExcludeModels filter GPU models as in Constraints.
+	Models, ExcludeModels []string
+	// Host is the CPU and memory such pods request; zero fits any host.
+	Host HostResources
+	// Weight is how common the class is, relative to the others; above 0.
+	Weight float64
+}
+
+// NewWorkload returns a Workload of classes; classes equal but for Weight
+// are merged, adding their weights. Classes with GPUs < 0 or Weight <= 0
+// are dropped.
+func NewWorkload(classes ...WorkloadClass) *Workload {
+	w := &Workload{}
+	for _, c := range classes {
+		w.AddClass(c)
+	}
+	return w
+}
+
+// DefaultWorkload is the Workload used when none is given: shaped after the
+// GPU tasks of Alibaba's 2023 GPU-sharing trace (about 55% whole single
+// GPUs, 1% multi-GPU, 44% shared slices of 10% to 80% of a GPU's memory,
+// reserving no compute), without host requests. Each call returns a new
+// value.
+func DefaultWorkload() *Workload {
+	share := func(percent int, weight float64) WorkloadClass {
+		return WorkloadClass{GPUs: 1, MemoryPercent: percent, Weight: weight}
+	}
+	whole := func(n int, weight float64) WorkloadClass {
+		return WorkloadClass{GPUs: n, MemoryPercent: MaxPercent, CoresPercent: MaxPercent, Exclusive: true, Weight: weight}
+	}
+	return NewWorkload(
+		whole(1, 0.55), whole(2, 0.002), whole(4, 0.002), whole(8, 0.006),
+		share(80, 0.15), share(50, 0.14), share(30, 0.06), share(20, 0.04), share(10, 0.05),
+	)
+}
+
+// Classes returns a copy of w's classes, in the order first added.
+func (w *Workload) Classes() []WorkloadClass {
+	if w == nil {
+		return nil
+	}
+	return slices.Clone(w.classes)
+}
+
+// Add counts one pod: each of its containers that runs with the app
+// containers (sidecars included) adds its GPU demand to the weight of the
+// class of its shape, with the pod's model filter and host requests. The
+// GPU demand is GPUs times the share of each GPU: 1 for whole GPUs, else
+// the larger of MemoryPercent and CoresPercent over 100, and 0.1 for a
+// request in MiB without cores (its share of a GPU is unknown until it is
+// placed). Weighting by demand rather than by count makes the measure the
+// fragmented capacity that a unit of arriving GPU demand meets; on the
+// Alibaba trace it packs better than counting pods (docs/scheduling.md).
+// Regular init containers are not counted: they do not stay. A pod without
+// GPU containers adds weight 1 to a class with GPUs 0 and its host
+// requests: taking a node's CPU can strand a GPU's worth of capacity.
+func (w *Workload) Add(pod PodDemand) {
+	c := pod.Constraints
+	gpuContainers := 0
+	for _, cr := range pod.Request.Containers {
+		if cr.Init && !cr.Sidecar {
+			continue
+		}
+		gpuContainers++
+		w.AddClass(WorkloadClass{
+			GPUs: cr.GPUs, MemoryMiB: cr.MemoryMiB, MemoryPercent: cr.MemoryPercent,
+			CoresPercent: cr.CoresPercent, Exclusive: cr.Exclusive,
+			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host, Weight: demandGPUs(cr),
+		})
+	}
+	if gpuContainers == 0 {
+		w.AddClass(WorkloadClass{Host: pod.Host, Weight: 1})
+	}
+}
+
+// demandGPUs is the GPU capacity a container asks for, in GPUs (see Add).
+func demandGPUs(cr ContainerRequest) float64 {
+	if cr.Exclusive {
+		return float64(cr.GPUs)
+	}
+	share := float64(max(cr.MemoryPercent, cr.CoresPercent)) / MaxPercent
+	if share == 0 {
+		share = 0.1
+	}
+	return float64(cr.GPUs) * share
+}
+
+// AddClass adds c to w, merging it with an equal class (see NewWorkload).
+func (w *Workload) AddClass(c WorkloadClass) {
+	if c.GPUs < 0 || !(c.Weight > 0) {
+		return
+	}
+	w.total += c.Weight
+	for i := range w.classes {
+		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
+			w.classes[i].Weight += c.Weight
+			return
+		}
+	}
+	shape := slices.IndexFunc(w.shapes, func(s WorkloadClass) bool { return sameShape(s, c) })
+	if shape < 0 {
+		s := c
+		s.Host, s.Weight = HostResources{}, 0
+		shape = len(w.shapes)
+		w.shapes = append(w.shapes, s)
+	}
+	w.classes = append(w.classes, c)
+	w.shapeOf = append(w.shapeOf, shape)
+}
+
+func sameShape(a, b WorkloadClass) bool {
+	return a.GPUs == b.GPUs && a.MemoryMiB == b.MemoryMiB && a.MemoryPercent == b.MemoryPercent &&
+		a.CoresPercent == b.CoresPercent && a.Exclusive == b.Exclusive &&
+		slices.Equal(a.Models, b.Models) && slices.Equal(a.ExcludeModels, b.ExcludeModels)
+}
+
+// Fragmentation is the expected amount of node's free GPU capacity, in
+// GPUs, that a request drawn from w cannot use. A GPU's free capacity is 1
+// minus its used share (the larger of its memory and compute shares; 0
+// when no slice is free). For a class, the free capacity of a healthy GPU
+// is fragmented when the class cannot take a slice of it (model, slices,
+// memory or cores), when fewer of the node's GPUs than the class needs
+// can, or when the node's HostFree (if known) lacks the class's Host CPU
+// or memory; the class's fragments are weighted by its share of w. This is
+// the idea of Weng et al., "Beware of Fragmentation" (USENIX ATC '23),
+// applied to memory, compute and slices. Pure; w is only read; nil or
+// empty w gives 0.
+func Fragmentation(node NodeState, w *Workload) float64 {
+	if w == nil {
+		return 0
+	}
+	s := newFitState(PodRequest{}, node.Inventory, node.Usage)
+	return newFragModel(w, node.HostFree, HostResources{}).node(s, false)
+}
+
+// fragModel evaluates fragmentation on a fitState for one Fit call.
+type fragModel struct {
+	w *Workload
+	// cnt and sum are, per shape, how many GPUs can take its slice and
+	// their free capacity; weight is, per shape, the share of w whose
+	// classes fit the host before (index 0) and after (1) the pod.
+	cnt    []int
+	sum    []float64
+	weight [2][]float64
+}
+
+// fragStats is what stats found besides cnt and sum: the node's free
+// capacity in GPUs.
+type fragStats struct {
+	free float64
+}
+
+func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *fragModel {
+	n := len(w.shapes)
+	buf := make([]float64, 3*n)
+	m := &fragModel{w: w, cnt: make([]int, n), sum: buf[:n], weight: [2][]float64{buf[n : 2*n], buf[2*n:]}}
+	if w.total <= 0 {
+		return m
+	}
+	for ci := range w.classes {
+		c := &w.classes[ci]
+		share := c.Weight / w.total
+		if hostFree == nil {
+			m.weight[0][w.shapeOf[ci]] += share
+			m.weight[1][w.shapeOf[ci]] += share
+			continue
+		}
+		if c.Host.CPUMilli <= hostFree.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB {
+			m.weight[0][w.shapeOf[ci]] += share
+		}
+		if c.Host.CPUMilli <= hostFree.CPUMilli-pod.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB-pod.MemoryMiB {
+			m.weight[1][w.shapeOf[ci]] += share
+		}
+	}
+	return m
+}
+
+// usable reports whether shape t could take a slice of g holding u.
+func usable(t *WorkloadClass, g *GPU, u GPUUsage, split int) bool {
+	if t.GPUs == 0 {
+		return true
+	}
+	if len(t.Models) > 0 {
+		ok := false
+		for _, m := range t.Models {
+			if containsFold(g.Model, m) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for _, m := range t.ExcludeModels {
+		if containsFold(g.Model, m) {
+			return false
+		}
+	}
+	if t.Exclusive {
+		return u == (GPUUsage{}) && g.SchedulableMemoryMiB > 0 && g.CoresPercent >= t.CoresPercent
+	}
+	need := t.MemoryMiB
+	if need == 0 {
+		need = g.SchedulableMemoryMiB * int64(t.MemoryPercent) / MaxPercent
+	}
+	return u.Exclusive == 0 && u.Slices < split && need > 0 &&
+		u.MemoryMiB+need <= g.SchedulableMemoryMiB && u.CoresPercent+t.CoresPercent <= g.CoresPercent
+}
+
+// stats fills m.cnt and m.sum for the node as s holds it now.
+func (m *fragModel) stats(s *fitState) fragStats {
+	var fs fragStats
+	clear(m.cnt)
+	clear(m.sum)
+	for gi := range s.node.GPUs {
+		g := &s.node.GPUs[gi]
+		if g.Health != Healthy {
+			continue
+		}
+		u := s.total(gi)
+		free := 1 - usedShare(g, u, s.node.SplitCount)
+		fs.free += free
+		if free <= 0 {
+			continue
+		}
+		for si := range m.w.shapes {
+			if usable(&m.w.shapes[si], g, u, s.node.SplitCount) {
+				m.cnt[si]++
+				m.sum[si] += free
+			}
+		}
+	}
+	return fs
+}
+
+// node returns the fragmentation of the node as s holds it now, with the
+// pod's host requests counted when after.
+func (m *fragModel) node(s *fitState, after bool) float64 {
+	if m.w.total <= 0 {
+		return 0
+	}
+	fs := m.stats(s)
+	weight := m.weight[0]
+	if after {
+		weight = m.weight[1]
+	}
+	// Every class sees all free capacity, less what it can use; classes
+	// that do not fit the host (absent from weight) can use none.
+	var usableFree float64
+	for si := range m.w.shapes {
+		if m.cnt[si] >= m.w.shapes[si].GPUs {
+			usableFree += weight[si] * m.sum[si]
+		}
+	}
+	return fs.free - usableFree
+}
+
+// delta returns the change in fragmentation when GPU gi goes from holding
+// before to holding after, the rest of the node as in fs (from stats) and
+// the pod's host requests counted.
+func (m *fragModel) delta(s *fitState, gi int, before, after GPUUsage) float64 {
+	if m.w.total <= 0 {
+		return 0
+	}
+	g := &s.node.GPUs[gi]
+	split := s.node.SplitCount
+	free0 := 1 - usedShare(g, before, split)
+	free1 := 1 - usedShare(g, after, split)
+	weight := m.weight[1]
+	var d float64
+	for si := range m.w.shapes {
+		t := &m.w.shapes[si]
+		cnt, sum := m.cnt[si], m.sum[si]
+		var old float64
+		if cnt >= t.GPUs {
+			old = sum
+		}
+		if free0 > 0 && usable(t, g, before, split) {
+			cnt--
+			sum -= free0
+		}
+		if free1 > 0 && usable(t, g, after, split) {
+			cnt++
+			sum += free1
+		}
+		var now float64
+		if cnt >= t.GPUs {
+			now = sum
+		}
+		d -= weight[si] * (now - old)
+	}
+	// Every class sees the change of free capacity; those that can use it
+	// got it back above.
+	return d + (free1 - free0)
+}

@@ -1,0 +1,76 @@
+package vgpu_test
+
+import (
+	"math"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+func TestFragmentation(t *testing.T) {
+	t.Parallel()
+	node := vgputest.Node("n1").GPU("GPU-0", 10000).GPU("GPU-1", 10000).Obj()
+	w := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Weight: 1},
+	)
+	tests := []struct {
+		name  string
+		usage *vgpu.NodeUsage
+		host  *vgpu.HostResources
+		want  float64
+	}{{
+		name: "empty node is not fragmented",
+		want: 0,
+	}, {
+		// GPU-0 has 0.3 free: useless to both classes. GPU-1 is whole but
+		// alone: useless to the 2-GPU class.
+		name:  "a small leftover and a lone whole GPU",
+		usage: vgputest.Usage(vgputest.Allocation("n1").Slice("GPU-0", 7000, 0).Obj()),
+		want:  0.5*0.3 + 0.5*1.3,
+	}, {
+		name: "a known host fits classes without host requests",
+		host: &vgpu.HostResources{},
+		want: 0,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, Usage: tt.usage, HostFree: tt.host}, w)
+			if math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("Fragmentation() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	hungry := vgpu.NewWorkload(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 10, Host: vgpu.HostResources{CPUMilli: 4000}, Weight: 1})
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 1000}}, hungry); got != 2 {
+		t.Errorf("Fragmentation() with a host short of CPU = %v, want 2", got)
+	}
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node}, nil); got != 0 {
+		t.Errorf("Fragmentation() with no workload = %v, want 0", got)
+	}
+}
+
+func TestWorkloadAdd(t *testing.T) {
+	t.Parallel()
+	var w vgpu.Workload
+	host := vgpu.HostResources{CPUMilli: 4000, MemoryMiB: 8192}
+	share := vgputest.Pod("p").MemoryPercent(25).Cores(40).PodRequest()
+	w.Add(vgpu.PodDemand{Request: share, Host: host})
+	w.Add(vgpu.PodDemand{Request: share, Host: host})
+	w.Add(vgpu.PodDemand{Request: vgputest.Pod("p").GPU(2).PodRequest()})
+	w.Add(vgpu.PodDemand{Request: vgputest.Pod("p").InitContainer("i").MemoryMiB(512).Container("c").MemoryMiB(1024).PodRequest()})
+	w.Add(vgpu.PodDemand{Host: host})
+	want := []vgpu.WorkloadClass{
+		{GPUs: 1, MemoryPercent: 25, CoresPercent: 40, Host: host, Weight: 0.8},
+		{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Weight: 2},
+		{GPUs: 1, MemoryMiB: 1024, Weight: 0.1},
+		{Host: host, Weight: 1},
+	}
+	if diff := cmp.Diff(want, w.Classes(), cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
+		t.Errorf("Classes() mismatch (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,71 @@
+package vgpu
+
+// HostResources is CPU and host memory: what a pod requests, or what a
+// node has left that its pods do not request. Fit does not check them (the
+// kube-scheduler does); PolicyFragmentation uses them to see whether a
+// typical request would still fit the node's host at all.
+type HostResources struct {
+	// CPUMilli is CPU in thousandths of a core.
+	CPUMilli int64
+	// MemoryMiB is host memory.
+	MemoryMiB int64
+}
+
+// PodDemand is a pod to place.
+type PodDemand struct {
+	// Request is what its containers ask for (RequestFromPod).
+	Request PodRequest
+	// Constraints are its placement annotations (ConstraintsFromPod).
+	Constraints Constraints
+	// Host is its CPU and memory requests; zero when unknown.
+	Host HostResources
+}
+
+// NodeState is a node as Fit sees it.
+type NodeState struct {
+	// Inventory is the node's GPUs.
+	Inventory NodeInventory
+	// Usage is what the pods on the node hold; nil means nothing.
+	Usage *NodeUsage
+	// HostFree is the node's allocatable CPU and memory minus what its
+	// pods request; nil when unknown, and fragmentation then ignores the
+	// host.
+	HostFree *HostResources
+}
+
+// FitOptions are the global defaults a scheduler passes to Fit. The zero
+// value is binpack for nodes and GPUs.
+type FitOptions struct {
+	// NodePolicy is the node policy for pods that set no
+	// AnnotationNodePolicy; "" means PolicyBinpack.
+	NodePolicy Policy
+	// GPUPolicy is the GPU policy for pods that set no AnnotationGPUPolicy;
+	// "" means PolicyBinpack.
+	GPUPolicy Policy
+	// Workload is the distribution of typical requests that
+	// PolicyFragmentation measures fragmentation against; nil means
+	// DefaultWorkload, built anew by each call that needs it, so schedulers
+	// pass one. Fit only reads it.
+	Workload *Workload
+}
+
+// Placement is a pod's place on one node, as Fit found it, with what Score
+// needs to rank the node against others.
+type Placement struct {
+	// Allocation is what the pod would be granted; it has no containers
+	// when the pod asks for no GPU.
+	Allocation PodAllocation
+	// NodePolicy and GPUPolicy are the policies Fit applied: the pod's
+	// annotations, else FitOptions, else PolicyBinpack.
+	NodePolicy, GPUPolicy Policy
+	// HealthyGPUs is how many healthy GPUs the node has.
+	HealthyGPUs int
+	// UsedBefore and UsedAfter are the node's healthy GPU capacity in use
+	// before and after the pod, in GPUs: each GPU counts the larger of its
+	// used memory share and used compute share (1 when no slice is free).
+	UsedBefore, UsedAfter float64
+	// FragmentationBefore and FragmentationAfter are Fragmentation of the
+	// node before and after the pod, in GPUs; both are 0 unless NodePolicy
+	// is PolicyFragmentation.
+	FragmentationBefore, FragmentationAfter float64
+}

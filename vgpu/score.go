@@ -1,0 +1,47 @@
+package vgpu
+
+import "math"
+
+// MaxScore is the best NodeScore.Value.
+const MaxScore = 100
+
+// NodeScore ranks a node for a pod under the node policy: higher is better.
+type NodeScore struct {
+	// Value is 0 to MaxScore, what a scheduler adds up across plugins.
+	Value int
+	// Raw is the policy's measure before rounding to Value; higher is
+	// better and Value never increases when Raw decreases, so callers that
+	// compare nodes of one pod may break Value ties with Raw.
+	Raw float64
+}
+
+// Score ranks the node of placement p (from Fit) under p.NodePolicy:
+//   - PolicyBinpack prefers fuller nodes: Raw is the share of the node's
+//     healthy GPU capacity in use after the pod (0 to 1), Value is 100×Raw.
+//   - PolicySpread prefers emptier nodes: Raw is 1 minus that share.
+//   - PolicyFragmentation prefers the least increase of fragmentation
+//     (FragmentationAfter − FragmentationBefore, in GPUs; negative when the
+//     pod fills a fragment): Raw is minus the increase and Value is
+//     50 − 25×increase, clamped to 0..100, so a placement that fragments
+//     nothing scores 50 and one that wastes 2 GPUs scores 0.
+//
+// A node with no healthy GPU scores 0. Score is pure.
+func Score(p Placement) NodeScore {
+	if p.HealthyGPUs == 0 {
+		return NodeScore{}
+	}
+	used := p.UsedAfter / float64(p.HealthyGPUs)
+	var raw, value float64
+	switch p.NodePolicy {
+	case PolicySpread:
+		raw = 1 - used
+		value = MaxScore * raw
+	case PolicyFragmentation:
+		raw = -(p.FragmentationAfter - p.FragmentationBefore)
+		value = MaxScore/2 + MaxScore/4*raw
+	default:
+		raw = used
+		value = MaxScore * raw
+	}
+	return NodeScore{Value: int(math.Round(min(max(value, 0), MaxScore))), Raw: raw}
+}

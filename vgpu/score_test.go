@@ -1,0 +1,87 @@
+package vgpu_test
+
+import (
+	"math"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+func TestScore(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		p    vgpu.Placement
+		want vgpu.NodeScore
+	}{{
+		name: "binpack prefers fuller nodes",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyBinpack, HealthyGPUs: 4, UsedAfter: 3},
+		want: vgpu.NodeScore{Value: 75, Raw: 0.75},
+	}, {
+		name: "spread prefers emptier nodes",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicySpread, HealthyGPUs: 4, UsedAfter: 1},
+		want: vgpu.NodeScore{Value: 75, Raw: 0.75},
+	}, {
+		name: "fragmentation unchanged scores 50",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 2, FragmentationBefore: 0.5, FragmentationAfter: 0.5},
+		want: vgpu.NodeScore{Value: 50, Raw: 0},
+	}, {
+		name: "fragmentation filled scores above 50",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 2, FragmentationBefore: 1, FragmentationAfter: 0.2},
+		want: vgpu.NodeScore{Value: 70, Raw: 0.8},
+	}, {
+		name: "fragmentation clamps at 0",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 8, FragmentationAfter: 3},
+		want: vgpu.NodeScore{Value: 0, Raw: -3},
+	}, {
+		name: "no healthy GPU",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyBinpack},
+		want: vgpu.NodeScore{},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := vgpu.Score(tt.p)
+			if diff := cmp.Diff(tt.want, got, cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
+				t.Errorf("Score() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestScorePolicies checks that the node policy, global or per pod, ranks
+// a half-used node and an empty one as it should.
+func TestScorePolicies(t *testing.T) {
+	t.Parallel()
+	node := vgputest.Node("n1").GPU("GPU-0", 16384).GPU("GPU-1", 16384).Obj()
+	half := vgputest.Usage(vgputest.Allocation("n1").Slice("GPU-0", 16384, 100).Obj())
+	pod := vgputest.Pod("p").MemoryMiB(4096)
+	for _, tt := range []struct {
+		global, pod vgpu.Policy
+		wantFuller  bool
+	}{
+		{"", "", true},
+		{vgpu.PolicySpread, "", false},
+		{vgpu.PolicySpread, vgpu.PolicyBinpack, true},
+		{vgpu.PolicyBinpack, vgpu.PolicySpread, false},
+		{vgpu.PolicyFragmentation, "", true},
+	} {
+		t.Run(string(tt.global)+"/"+string(tt.pod), func(t *testing.T) {
+			t.Parallel()
+			d := vgpu.PodDemand{Request: pod.PodRequest(), Constraints: vgpu.Constraints{NodePolicy: tt.pod}}
+			opts := vgpu.FitOptions{NodePolicy: tt.global}
+			full, err1 := vgpu.Fit(d, vgpu.NodeState{Inventory: node, Usage: half}, opts)
+			empty, err2 := vgpu.Fit(d, vgpu.NodeState{Inventory: node}, opts)
+			if err1 != nil || err2 != nil {
+				t.Fatal(err1, err2)
+			}
+			fuller := vgpu.Score(full).Raw > vgpu.Score(empty).Raw
+			if fuller != tt.wantFuller {
+				t.Errorf("fuller node preferred = %v, want %v (scores %+v, %+v)", fuller, tt.wantFuller, vgpu.Score(full), vgpu.Score(empty))
+			}
+		})
+	}
+}

@@ -1,0 +1,315 @@
+package simulate
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Policy is how the replay chooses nodes and GPUs: one of vgpu's policies,
+// used for both nodes and GPUs, or PolicyRandom.
+type Policy string
+
+const (
+	// PolicyBinpack is vgpu.PolicyBinpack for nodes and GPUs.
+	PolicyBinpack = Policy(vgpu.PolicyBinpack)
+	// PolicySpread is vgpu.PolicySpread for nodes and GPUs.
+	PolicySpread = Policy(vgpu.PolicySpread)
+	// PolicyFragmentation is vgpu.PolicyFragmentation for nodes and GPUs.
+	PolicyFragmentation = Policy(vgpu.PolicyFragmentation)
+	// PolicyRandom places each task on a node drawn uniformly from those it
+	// fits, on GPUs chosen by vgpu.PolicyBinpack: the paper's baseline.
+	PolicyRandom Policy = "random"
+)
+
+// Policies lists the replay policies in the order reports show them.
+func Policies() []Policy {
+	return []Policy{PolicyRandom, PolicySpread, PolicyBinpack, PolicyFragmentation}
+}
+
+// Defaults of Config.
+const (
+	// DefaultTune is the paper's demand multiple: copies are appended until
+	// the demand is 130% of the capacity.
+	DefaultTune = 1.3
+	// DefaultSplitCount lets a GPU hold 20 slices, as many as the trace's
+	// smallest share (50 thousandths) needs.
+	DefaultSplitCount = 20
+)
+
+// ErrNoCapacity is returned when the nodes have no GPU.
+var ErrNoCapacity = errors.New("the nodes have no GPU")
+
+// Config is one replay.
+type Config struct {
+	// Policy chooses nodes and GPUs; "" means PolicyBinpack.
+	Policy Policy
+	// Seed drives the shuffle, the appended copies and PolicyRandom.
+	Seed uint64
+	// Tune is the demand, as a multiple of capacity, that appended copies
+	// bring the task list to; 0 means DefaultTune. Values below 1 are
+	// raised to 1: the metric needs demand to reach the capacity.
+	Tune float64
+	// SplitCount is the slices per GPU; 0 means DefaultSplitCount.
+	SplitCount int
+	// Workload is what PolicyFragmentation measures against; nil means the
+	// distribution of the tasks given to Replay (vgpu.Workload.Add of each).
+	Workload *vgpu.Workload
+}
+
+// Result is the outcome of one replay.
+type Result struct {
+	// Policy and Seed are the replay's.
+	Policy Policy
+	Seed   uint64
+	// CapacityMilli is the nodes' GPU capacity in thousandths of a GPU.
+	CapacityMilli int64
+	// Arrived, Placed and Failed count tasks up to the one whose arrival
+	// brought the demand to the capacity.
+	Arrived, Placed, Failed int
+	// AllocatedMilli is the GPU capacity allocated at that moment.
+	AllocatedMilli int64
+	// UnallocatedPercent is 100 × (1 − AllocatedMilli/CapacityMilli): the
+	// paper's "unallocated GPU" at 100% arrived demand.
+	UnallocatedPercent float64
+}
+
+// simNode is a node as the replay holds it.
+type simNode struct {
+	inv              vgpu.NodeInventory
+	usage            vgpu.NodeUsage
+	cpuFree, memFree int64
+	// freeGPUs is the healthy capacity not in use, in GPUs, as Fit last
+	// reported; a task needing more cannot fit, so Fit is not called.
+	freeGPUs float64
+}
+
+// task is a trace task in vgpu terms.
+type task struct {
+	Task
+	pod  vgpu.PodDemand
+	need float64 // GPUs' worth of capacity the task needs at least
+}
+
+// Replay places tasks on nodes as Config says and returns the packing
+// metric. Node CPU and host memory are checked before vgpu.Fit, as the
+// kube-scheduler would, and passed to Fit as the node's free host
+// resources. Tasks without GPUs (which gpuslice never sees in a real
+// cluster) go, for every policy but PolicyRandom, to the node where CPU is
+// most in surplus: free CPU after the task, less what the node's free GPU
+// capacity would need at the tasks' average CPU per GPU. Ties go to the
+// earlier node. It is pure and deterministic for a given Config.
+func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
+	if cfg.Policy == "" {
+		cfg.Policy = PolicyBinpack
+	}
+	if cfg.Tune == 0 {
+		cfg.Tune = DefaultTune
+	}
+	cfg.Tune = max(cfg.Tune, 1)
+	if cfg.SplitCount == 0 {
+		cfg.SplitCount = DefaultSplitCount
+	}
+	opts := vgpu.FitOptions{NodePolicy: vgpu.Policy(cfg.Policy), GPUPolicy: vgpu.Policy(cfg.Policy)}
+	if cfg.Policy == PolicyRandom {
+		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyBinpack, GPUPolicy: vgpu.PolicyBinpack}
+	} else if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
+		return Result{}, fmt.Errorf("policy: %w", err)
+	}
+	res := Result{Policy: cfg.Policy, Seed: cfg.Seed}
+	cluster := make([]simNode, 0, len(nodes))
+	for _, n := range nodes {
+		cluster = append(cluster, newSimNode(n, cfg.SplitCount))
+		res.CapacityMilli += int64(n.GPUs) * 1000
+	}
+	if res.CapacityMilli == 0 {
+		return Result{}, ErrNoCapacity
+	}
+	all := make([]task, len(tasks))
+	workload := cfg.Workload
+	if workload == nil {
+		workload = &vgpu.Workload{}
+	}
+	for i, t := range tasks {
+		all[i] = newTask(t)
+		if cfg.Workload == nil {
+			workload.Add(all[i].pod)
+		}
+	}
+	opts.Workload = workload
+	var gpuTaskCPU, gpuTaskMilli float64
+	for _, t := range tasks {
+		if t.GPUs > 0 {
+			gpuTaskCPU += float64(t.CPUMilli)
+			gpuTaskMilli += float64(t.DemandMilli())
+		}
+	}
+	cpuPerGPU := 0.0
+	if gpuTaskMilli > 0 {
+		cpuPerGPU = gpuTaskCPU / gpuTaskMilli * 1000
+	}
+	rng := newRNG(cfg.Seed)
+	order := arrivals(all, rng, float64(res.CapacityMilli)*cfg.Tune)
+
+	var arrived int64
+	for _, t := range order {
+		res.Arrived++
+		arrived += t.DemandMilli()
+		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng) {
+			res.Placed++
+			res.AllocatedMilli += t.DemandMilli()
+		} else {
+			res.Failed++
+		}
+		if arrived >= res.CapacityMilli {
+			break
+		}
+	}
+	res.UnallocatedPercent = 100 * (1 - float64(res.AllocatedMilli)/float64(res.CapacityMilli))
+	return res, nil
+}
+
+func newSimNode(n Node, split int) simNode {
+	inv := vgpu.NodeInventory{Node: n.Name, SplitCount: split, MemoryScaling: 1}
+	mem := modelMemoryMiB(n.Model)
+	for i := range n.GPUs {
+		inv.GPUs = append(inv.GPUs, vgpu.GPU{
+			UUID: n.Name + "-gpu" + strconv.Itoa(i), Index: i, Minor: i, Model: n.Model,
+			TotalMemoryMiB: mem, SchedulableMemoryMiB: mem, CoresPercent: vgpu.MaxPercent,
+			NUMANode: -1, Health: vgpu.Healthy,
+		})
+	}
+	return simNode{inv: inv, cpuFree: n.CPUMilli, memFree: n.MemoryMiB, freeGPUs: float64(n.GPUs)}
+}
+
+// modelMemoryMiB is the memory of the trace's GPU models. Tasks ask for a
+// share of a GPU, so only the ratio matters; undisclosed models (G1–G3)
+// get 32 GiB.
+func modelMemoryMiB(model string) int64 {
+	switch model {
+	case "T4", "P100", "V100M16":
+		return 16 << 10
+	case "A10":
+		return 24 << 10
+	}
+	return 32 << 10
+}
+
+// newTask maps a trace task to a vgpu request: gpu_milli becomes the same
+// percent of compute and of memory; whole GPUs (gpu_milli 1000, and every
+// multi-GPU task) are exclusive; gpu_spec is the model filter.
+func newTask(t Task) task {
+	out := task{Task: t, pod: vgpu.PodDemand{
+		Constraints: vgpu.Constraints{Models: t.Models},
+		Host:        vgpu.HostResources{CPUMilli: t.CPUMilli, MemoryMiB: t.MemoryMiB},
+	}}
+	if t.GPUs == 0 {
+		return out
+	}
+	cr := vgpu.ContainerRequest{Name: "main", GPUs: t.GPUs}
+	if t.GPUMilli >= 1000 {
+		cr.MemoryPercent, cr.CoresPercent, cr.Exclusive = vgpu.MaxPercent, vgpu.MaxPercent, true
+		out.need = float64(t.GPUs)
+	} else {
+		pct := int((t.GPUMilli + 9) / 10)
+		cr.MemoryPercent, cr.CoresPercent = pct, pct
+		out.need = float64(t.GPUs) * float64(pct) / 100
+	}
+	out.pod.Request = vgpu.PodRequest{Containers: []vgpu.ContainerRequest{cr}}
+	return out
+}
+
+// arrivals shuffles tasks and appends random copies until the GPU demand
+// reaches demand.
+func arrivals(tasks []task, rng *rand.Rand, demand float64) []task {
+	order := make([]task, len(tasks))
+	copy(order, tasks)
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	var total float64
+	for _, t := range order {
+		total += float64(t.DemandMilli())
+	}
+	for total < demand && len(tasks) > 0 {
+		t := tasks[rng.IntN(len(tasks))]
+		order = append(order, t)
+		total += float64(t.DemandMilli())
+		if t.DemandMilli() == 0 && total == 0 {
+			break
+		}
+	}
+	return order
+}
+
+// place puts t on the best node and reports whether any fitted.
+func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPerGPU float64, rng *rand.Rand) bool {
+	best, seen := -1, 0
+	var bestPlacement vgpu.Placement
+	var bestScore vgpu.NodeScore
+	var bestSurplus float64
+	for i := range cluster {
+		n := &cluster[i]
+		if n.cpuFree < t.CPUMilli || n.memFree < t.MemoryMiB || n.freeGPUs < t.need-0.01 {
+			continue
+		}
+		host := vgpu.HostResources{CPUMilli: n.cpuFree, MemoryMiB: n.memFree}
+		p, err := vgpu.Fit(t.pod, vgpu.NodeState{Inventory: n.inv, Usage: &n.usage, HostFree: &host}, opts)
+		if err != nil {
+			continue
+		}
+		seen++
+		var better bool
+		switch {
+		case policy == PolicyRandom:
+			better = rng.IntN(seen) == 0
+		case t.GPUs == 0:
+			// Tasks without GPUs go where CPU is most in surplus: free CPU
+			// after the task, less what the node's free GPU capacity would
+			// need at the trace's CPU per GPU.
+			surplus := float64(n.cpuFree-t.CPUMilli) - (float64(p.HealthyGPUs)-p.UsedAfter)*cpuPerGPU
+			better = best < 0 || surplus > bestSurplus
+			if better {
+				bestSurplus = surplus
+			}
+		default:
+			s := vgpu.Score(p)
+			better = best < 0 || compareScore(s, bestScore) > 0
+			if better {
+				bestScore = s
+			}
+		}
+		if better {
+			best, bestPlacement = i, p
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	n := &cluster[best]
+	n.cpuFree -= t.CPUMilli
+	n.memFree -= t.MemoryMiB
+	if len(t.pod.Request.Containers) > 0 {
+		n.usage.Add(bestPlacement.Allocation, t.pod.Request)
+		n.freeGPUs = float64(bestPlacement.HealthyGPUs) - bestPlacement.UsedAfter
+	}
+	return true
+}
+
+func newRNG(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+}
+
+// compareScore orders node scores: Value, then Raw.
+func compareScore(a, b vgpu.NodeScore) int {
+	switch {
+	case a.Value != b.Value:
+		return a.Value - b.Value
+	case a.Raw > b.Raw+1e-12:
+		return 1
+	case a.Raw < b.Raw-1e-12:
+		return -1
+	}
+	return 0
+}
