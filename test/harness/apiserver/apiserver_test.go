@@ -66,8 +66,13 @@ func TestServerRestart(t *testing.T) {
 	dir := t.TempDir()
 	port := apiserver.FreePort(t)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	// Each call gets its own deadline: a start under load can take most of a
+	// shared one.
+	callCtx := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		return ctx
+	}
 
 	first := apiserver.Start(t, apiserver.Options{Port: port, Dir: dir})
 	if err := first.WriteKubeconfig(kubeconfig); err != nil {
@@ -78,17 +83,17 @@ func TestServerRestart(t *testing.T) {
 		t.Fatalf("load kubeconfig: %v", err)
 	}
 	client := kubernetes.NewForConfigOrDie(cfg)
-	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Nodes().Create(callCtx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create node: %v", err)
 	}
 	first.Stop()
 	first.Stop() // idempotent
-	if _, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{}); err == nil {
+	if _, err := client.CoreV1().Nodes().Get(callCtx(), "n1", metav1.GetOptions{}); err == nil {
 		t.Fatalf("get node with the server stopped: got no error")
 	}
 
 	apiserver.Start(t, apiserver.Options{Port: port, Dir: dir})
-	if _, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{}); err != nil {
+	if _, err := client.CoreV1().Nodes().Get(callCtx(), "n1", metav1.GetOptions{}); err != nil {
 		t.Errorf("get node after restart: %v", err)
 	}
 }
