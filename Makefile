@@ -14,7 +14,7 @@ export CGO_CFLAGS  := -Wno-deprecated-declarations
 # The nested module test/ holds the tests that run real Kubernetes code.
 MODULES    := . test
 # Packages with golden files (tests named *Golden*, flag -update).
-GOLDEN_PKGS := ./vgpu/
+GOLDEN_PKGS := ./vgpu/ ./webhook/
 
 .PHONY: help
 help: ## List the targets.

@@ -1,0 +1,83 @@
+package webhook
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// DefaultSchedulerName is the default Config.SchedulerName: the
+// kube-scheduler profile that calls the gpuslice extender.
+const DefaultSchedulerName = "gpuslice-scheduler"
+
+// Config is the webhook's decision configuration, read by Mutate. Call
+// Validate before use; Mutate calls it too.
+type Config struct {
+	// SchedulerName is written into spec.schedulerName of GPU pods that name
+	// no scheduler or the stock one (corev1.DefaultSchedulerName, which the
+	// API server fills in when the user names none). It must be a DNS-1123
+	// subdomain and not corev1.DefaultSchedulerName.
+	SchedulerName string `json:"schedulerName"`
+	// ExcludedNamespaces are namespaces whose pods Mutate skips untouched,
+	// so that system pods never wait on the webhook. Empty means none is
+	// excluded. Each must be a namespace name (DNS-1123 label).
+	ExcludedNamespaces []string `json:"excludedNamespaces,omitempty"`
+}
+
+// DefaultConfig returns the configuration used when nothing is set: the
+// gpuslice-scheduler profile, kube-system excluded.
+func DefaultConfig() Config {
+	return Config{
+		SchedulerName:      DefaultSchedulerName,
+		ExcludedNamespaces: []string{"kube-system"},
+	}
+}
+
+// FieldError is a configuration error naming the field, the value and what
+// is allowed. Its message fits on one line.
+type FieldError struct {
+	// Field is the JSON name of the field, e.g. "schedulerName".
+	Field string
+	// Value is the value as set.
+	Value string
+	// Allowed says what would be accepted.
+	Allowed string
+}
+
+// Error renders e as `invalid config: schedulerName="": required: …`.
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("invalid config: %s=%q: %s", e.Field, e.Value, e.Allowed)
+}
+
+// Validate checks every field and returns every problem at once
+// (errors.Join of *FieldError), or nil.
+func (c Config) Validate() error {
+	var errs []error
+	switch {
+	case c.SchedulerName == "":
+		errs = append(errs, &FieldError{"schedulerName", "", "required: the scheduler profile that calls the gpuslice extender, e.g. " + DefaultSchedulerName})
+	case c.SchedulerName == corev1.DefaultSchedulerName:
+		errs = append(errs, &FieldError{"schedulerName", c.SchedulerName, "must not be the stock profile: GPU pods must reach the profile that calls the gpuslice extender"})
+	case len(validation.IsDNS1123Subdomain(c.SchedulerName)) > 0:
+		errs = append(errs, &FieldError{"schedulerName", c.SchedulerName, "must be a valid scheduler name (" + strings.Join(validation.IsDNS1123Subdomain(c.SchedulerName), "; ") + ")"})
+	}
+	for _, ns := range c.ExcludedNamespaces {
+		if len(validation.IsDNS1123Label(ns)) > 0 {
+			errs = append(errs, &FieldError{"excludedNamespaces", ns, "each entry must be a namespace name (lower-case letters, digits and '-', at most 63)"})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// excluded reports whether Mutate skips pods of namespace ns.
+func (c Config) excluded(ns string) bool {
+	for _, e := range c.ExcludedNamespaces {
+		if e == ns {
+			return true
+		}
+	}
+	return false
+}
