@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
@@ -36,9 +37,12 @@ func TestCreateContainerIsRecorded(t *testing.T) {
 	}
 	defer conn.Close()
 	client := runtimeapi.NewRuntimeServiceClient(conn)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	sandboxCfg := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "uid-1"}}
-	sandbox, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxCfg})
+	// Serve starts listening in its goroutine: wait for the socket instead of
+	// failing on the first dial.
+	sandbox, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxCfg}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
 	}
