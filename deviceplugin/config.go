@@ -95,47 +95,35 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 	return cfg, nil
 }
 
-// FieldError is a configuration error naming the field, the value and what
-// is allowed. Its message fits on one line.
-type FieldError struct {
-	Field   string
-	Value   string
-	Allowed string
-}
-
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("invalid config: %s=%q: %s", e.Field, e.Value, e.Allowed)
-}
-
-// Validate checks every field and returns the first problem as a *FieldError.
+// Validate checks every field and returns the first problem as a *vgpu.FieldError.
 func (c Config) Validate() error {
 	switch {
 	case c.NodeName == "":
-		return &FieldError{"nodeName", "", "required: set --node-name or the NODE_NAME environment variable"}
+		return vgpu.InvalidField("nodeName", "", "required: set --node-name or the NODE_NAME environment variable")
 	case len(validation.IsDNS1123Subdomain(c.NodeName)) > 0:
-		return &FieldError{"nodeName", c.NodeName, "must be a valid Node name (" + strings.Join(validation.IsDNS1123Subdomain(c.NodeName), "; ") + ")"}
+		return vgpu.InvalidField("nodeName", c.NodeName, "must be a valid Node name ("+strings.Join(validation.IsDNS1123Subdomain(c.NodeName), "; ")+")")
 	case !validResourceName(c.ResourceName):
-		return &FieldError{"resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)"}
+		return vgpu.InvalidField("resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)")
 	case c.SplitCount < 1 || c.SplitCount > MaxSplitCount:
-		return &FieldError{"splitCount", strconv.Itoa(c.SplitCount), fmt.Sprintf("must be an integer from 1 to %d", MaxSplitCount)}
+		return vgpu.InvalidField("splitCount", strconv.Itoa(c.SplitCount), fmt.Sprintf("must be an integer from 1 to %d", MaxSplitCount))
 	case !(c.MemoryScaling > 0 && c.MemoryScaling <= MaxMemoryScaling):
-		return &FieldError{"memoryScaling", strconv.FormatFloat(c.MemoryScaling, 'g', -1, 64), fmt.Sprintf("must be a number above 0 and at most %g (above 1 oversubscribes memory)", MaxMemoryScaling)}
+		return vgpu.InvalidField("memoryScaling", strconv.FormatFloat(c.MemoryScaling, 'g', -1, 64), fmt.Sprintf("must be a number above 0 and at most %g (above 1 oversubscribes memory)", MaxMemoryScaling))
 	case c.ReservedMemoryMiB < 0:
-		return &FieldError{"reservedMemoryMiB", strconv.FormatInt(c.ReservedMemoryMiB, 10), "must be 0 or more MiB"}
+		return vgpu.InvalidField("reservedMemoryMiB", strconv.FormatInt(c.ReservedMemoryMiB, 10), "must be 0 or more MiB")
 	case c.DevicePluginDir == "" || !filepath.IsAbs(c.DevicePluginDir):
-		return &FieldError{"devicePluginDir", c.DevicePluginDir, "must be an absolute path (the kubelet uses " + DefaultDevicePluginDir + ")"}
+		return vgpu.InvalidField("devicePluginDir", c.DevicePluginDir, "must be an absolute path (the kubelet uses "+DefaultDevicePluginDir+")")
 	case len(validation.IsDNS1123Label(c.HeartbeatNamespace)) > 0:
-		return &FieldError{"heartbeatNamespace", c.HeartbeatNamespace, "must be a namespace name (lower-case letters, digits and '-')"}
+		return vgpu.InvalidField("heartbeatNamespace", c.HeartbeatNamespace, "must be a namespace name (lower-case letters, digits and '-')")
 	case c.LeaseDuration.Duration < time.Second:
-		return &FieldError{"leaseDuration", c.LeaseDuration.String(), "must be a duration of at least 1s"}
+		return vgpu.InvalidField("leaseDuration", c.LeaseDuration.String(), "must be a duration of at least 1s")
 	case c.LeaseRenew.Duration <= 0 || c.LeaseRenew.Duration >= c.LeaseDuration.Duration:
-		return &FieldError{"leaseRenew", c.LeaseRenew.String(), "must be a duration above 0 and below leaseDuration (" + c.LeaseDuration.String() + ")"}
+		return vgpu.InvalidField("leaseRenew", c.LeaseRenew.String(), "must be a duration above 0 and below leaseDuration ("+c.LeaseDuration.String()+")")
 	case c.HealthCoolDown.Duration <= 0:
-		return &FieldError{"healthCoolDown", c.HealthCoolDown.String(), "must be a duration above 0"}
+		return vgpu.InvalidField("healthCoolDown", c.HealthCoolDown.String(), "must be a duration above 0")
 	}
 	for _, g := range c.ExcludeGPUs {
 		if !strings.HasPrefix(g, "GPU-") && !isIndex(g) {
-			return &FieldError{"excludeGPUs", g, "each entry must be a GPU UUID (GPU-…) or an index (0, 1, …)"}
+			return vgpu.InvalidField("excludeGPUs", g, "each entry must be a GPU UUID (GPU-…) or an index (0, 1, …)")
 		}
 	}
 	return nil

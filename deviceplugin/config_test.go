@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 func validConfig() Config {
@@ -47,7 +49,7 @@ func TestConfigValidate(t *testing.T) {
 			c := validConfig()
 			tt.mutate(&c)
 			err := c.Validate()
-			var fe *FieldError
+			var fe *vgpu.FieldError
 			if tt.wantField == "" {
 				if err != nil {
 					t.Fatalf("Validate() = %v, want nil", err)
@@ -55,7 +57,7 @@ func TestConfigValidate(t *testing.T) {
 				return
 			}
 			if !errors.As(err, &fe) {
-				t.Fatalf("Validate() = %v, want a *FieldError for %s", err, tt.wantField)
+				t.Fatalf("Validate() = %v, want a *vgpu.FieldError for %s", err, tt.wantField)
 			}
 			if diff := cmp.Diff(tt.wantField, fe.Field); diff != "" {
 				t.Errorf("field (-want +got):\n%s", diff)

@@ -2,11 +2,12 @@ package webhook
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // DefaultSchedulerName is the default Config.SchedulerName: the
@@ -36,37 +37,21 @@ func DefaultConfig() Config {
 	}
 }
 
-// FieldError is a configuration error naming the field, the value and what
-// is allowed. Its message fits on one line.
-type FieldError struct {
-	// Field is the JSON name of the field, e.g. "schedulerName".
-	Field string
-	// Value is the value as set.
-	Value string
-	// Allowed says what would be accepted.
-	Allowed string
-}
-
-// Error renders e as `invalid config: schedulerName="": required: …`.
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("invalid config: %s=%q: %s", e.Field, e.Value, e.Allowed)
-}
-
 // Validate checks every field and returns every problem at once
-// (errors.Join of *FieldError), or nil.
+// (errors.Join of *vgpu.FieldError), or nil.
 func (c Config) Validate() error {
 	var errs []error
 	switch {
 	case c.SchedulerName == "":
-		errs = append(errs, &FieldError{"schedulerName", "", "required: the scheduler profile that calls the gpuslice extender, e.g. " + DefaultSchedulerName})
+		errs = append(errs, vgpu.InvalidField("schedulerName", "", "required: the scheduler profile that calls the gpuslice extender, e.g. "+DefaultSchedulerName))
 	case c.SchedulerName == corev1.DefaultSchedulerName:
-		errs = append(errs, &FieldError{"schedulerName", c.SchedulerName, "must not be the stock profile: GPU pods must reach the profile that calls the gpuslice extender"})
+		errs = append(errs, vgpu.InvalidField("schedulerName", c.SchedulerName, "must not be the stock profile: GPU pods must reach the profile that calls the gpuslice extender"))
 	case len(validation.IsDNS1123Subdomain(c.SchedulerName)) > 0:
-		errs = append(errs, &FieldError{"schedulerName", c.SchedulerName, "must be a valid scheduler name (" + strings.Join(validation.IsDNS1123Subdomain(c.SchedulerName), "; ") + ")"})
+		errs = append(errs, vgpu.InvalidField("schedulerName", c.SchedulerName, "must be a valid scheduler name ("+strings.Join(validation.IsDNS1123Subdomain(c.SchedulerName), "; ")+")"))
 	}
 	for _, ns := range c.ExcludedNamespaces {
 		if len(validation.IsDNS1123Label(ns)) > 0 {
-			errs = append(errs, &FieldError{"excludedNamespaces", ns, "each entry must be a namespace name (lower-case letters, digits and '-', at most 63)"})
+			errs = append(errs, vgpu.InvalidField("excludedNamespaces", ns, "each entry must be a namespace name (lower-case letters, digits and '-', at most 63)"))
 		}
 	}
 	return errors.Join(errs...)

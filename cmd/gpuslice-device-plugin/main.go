@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=…".
@@ -50,7 +51,7 @@ func run(args []string) int {
 	ctx = klog.NewContext(ctx, logger)
 
 	backend, err := openBackend(cfg, logger)
-	var fieldErr *deviceplugin.FieldError
+	var fieldErr *vgpu.FieldError
 	switch {
 	case errors.As(err, &fieldErr):
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -165,7 +166,7 @@ func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, 
 	if cfg.FakeGPUs != "" {
 		fake, err := nvidia.NewFake(cfg.FakeGPUs, cfg.NodeName)
 		if err != nil {
-			return nil, &deviceplugin.FieldError{Field: "fakeGPUs", Value: cfg.FakeGPUs, Allowed: err.Error()}
+			return nil, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
 		}
 		opts.Library = fake
 	}
