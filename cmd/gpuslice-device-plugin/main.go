@@ -92,71 +92,61 @@ func run(args []string) int {
 }
 
 // parseFlags builds the Config: defaults, then the --config file, then the
-// flags given on the command line.
+// flags given on the command line. Flags are bound to the Config itself; when
+// a file is read, the flags that were set are applied again on top of it.
 func parseFlags(name string, args []string) (deviceplugin.Config, string, error) {
-	def := deviceplugin.DefaultConfig()
+	cfg := deviceplugin.DefaultConfig()
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	klog.InitFlags(fs)
 	configFile := fs.String("config", "", "YAML or JSON file with the plugin configuration; flags given on the command line override it")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for publishing inventory, heartbeat and ready label (default: in-cluster; none: do not publish)")
-	var flagCfg deviceplugin.Config
-	fs.StringVar(&flagCfg.NodeName, "node-name", def.NodeName, "Node this agent runs on (default $NODE_NAME)")
-	fs.StringVar(&flagCfg.ResourceName, "resource-name", def.ResourceName, "extended resource to register")
-	fs.IntVar(&flagCfg.SplitCount, "split-count", def.SplitCount, "virtual devices per GPU (most pods sharing one GPU), 1-100")
-	fs.Float64Var(&flagCfg.MemoryScaling, "memory-scaling", def.MemoryScaling, "factor on schedulable GPU memory; above 1 oversubscribes")
-	fs.Int64Var(&flagCfg.ReservedMemoryMiB, "reserved-memory-mib", def.ReservedMemoryMiB, "MiB held back on each GPU for the driver")
-	exclude := fs.String("exclude-gpus", "", "comma-separated GPU UUIDs or indexes not to advertise")
-	fs.StringVar(&flagCfg.DevicePluginDir, "device-plugin-dir", def.DevicePluginDir, "the kubelet's device-plugin folder")
-	fs.StringVar(&flagCfg.HeartbeatNamespace, "heartbeat-namespace", def.HeartbeatNamespace, "namespace of the per-node heartbeat Lease")
-	fs.DurationVar(&flagCfg.LeaseDuration.Duration, "lease-duration", def.LeaseDuration.Duration, "heartbeat Lease duration")
-	fs.DurationVar(&flagCfg.LeaseRenew.Duration, "lease-renew", def.LeaseRenew.Duration, "heartbeat Lease renewal interval")
-	fs.DurationVar(&flagCfg.HealthCoolDown.Duration, "health-cooldown", def.HealthCoolDown.Duration, "wait before re-probing an unhealthy GPU")
-	fs.StringVar(&flagCfg.FakeGPUs, "fake-gpus", "", "use fake GPUs instead of NVML: dgxa100|dgxh100|dgxh200|dgxb200 or a list like 2xA100-80GB,1xT4-16GB")
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "Node this agent runs on (default $NODE_NAME)")
+	fs.StringVar(&cfg.ResourceName, "resource-name", cfg.ResourceName, "extended resource to register")
+	fs.IntVar(&cfg.SplitCount, "split-count", cfg.SplitCount, "virtual devices per GPU (most pods sharing one GPU), 1-100")
+	fs.Float64Var(&cfg.MemoryScaling, "memory-scaling", cfg.MemoryScaling, "factor on schedulable GPU memory; above 1 oversubscribes")
+	fs.Int64Var(&cfg.ReservedMemoryMiB, "reserved-memory-mib", cfg.ReservedMemoryMiB, "MiB held back on each GPU for the driver")
+	fs.Var((*commaList)(&cfg.ExcludeGPUs), "exclude-gpus", "comma-separated GPU UUIDs or indexes not to advertise")
+	fs.StringVar(&cfg.DevicePluginDir, "device-plugin-dir", cfg.DevicePluginDir, "the kubelet's device-plugin folder")
+	fs.StringVar(&cfg.HeartbeatNamespace, "heartbeat-namespace", cfg.HeartbeatNamespace, "namespace of the per-node heartbeat Lease")
+	fs.DurationVar(&cfg.LeaseDuration.Duration, "lease-duration", cfg.LeaseDuration.Duration, "heartbeat Lease duration")
+	fs.DurationVar(&cfg.LeaseRenew.Duration, "lease-renew", cfg.LeaseRenew.Duration, "heartbeat Lease renewal interval")
+	fs.DurationVar(&cfg.HealthCoolDown.Duration, "health-cooldown", cfg.HealthCoolDown.Duration, "wait before re-probing an unhealthy GPU")
+	fs.StringVar(&cfg.FakeGPUs, "fake-gpus", cfg.FakeGPUs, "use fake GPUs instead of NVML: dgxa100|dgxh100|dgxh200|dgxb200 or a list like 2xA100-80GB,1xT4-16GB")
 	if err := fs.Parse(args); err != nil {
-		return def, "", err
+		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
-		return def, "", fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
+		return cfg, "", fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
 	}
-	cfg := def
 	if *configFile != "" {
-		var err error
-		if cfg, err = deviceplugin.LoadConfigFile(*configFile, def); err != nil {
-			return def, "", err
+		set := map[string]string{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+		loaded, err := deviceplugin.LoadConfigFile(*configFile, deviceplugin.DefaultConfig())
+		if err != nil {
+			return cfg, "", err
+		}
+		cfg = loaded
+		for name, value := range set {
+			if err := fs.Set(name, value); err != nil {
+				return cfg, "", fmt.Errorf("--%s: %w", name, err)
+			}
 		}
 	}
-	if *exclude != "" {
-		flagCfg.ExcludeGPUs = strings.Split(*exclude, ",")
-	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "node-name":
-			cfg.NodeName = flagCfg.NodeName
-		case "resource-name":
-			cfg.ResourceName = flagCfg.ResourceName
-		case "split-count":
-			cfg.SplitCount = flagCfg.SplitCount
-		case "memory-scaling":
-			cfg.MemoryScaling = flagCfg.MemoryScaling
-		case "reserved-memory-mib":
-			cfg.ReservedMemoryMiB = flagCfg.ReservedMemoryMiB
-		case "exclude-gpus":
-			cfg.ExcludeGPUs = flagCfg.ExcludeGPUs
-		case "device-plugin-dir":
-			cfg.DevicePluginDir = flagCfg.DevicePluginDir
-		case "heartbeat-namespace":
-			cfg.HeartbeatNamespace = flagCfg.HeartbeatNamespace
-		case "lease-duration":
-			cfg.LeaseDuration = flagCfg.LeaseDuration
-		case "lease-renew":
-			cfg.LeaseRenew = flagCfg.LeaseRenew
-		case "health-cooldown":
-			cfg.HealthCoolDown = flagCfg.HealthCoolDown
-		case "fake-gpus":
-			cfg.FakeGPUs = flagCfg.FakeGPUs
-		}
-	})
 	return cfg, *kubeconfig, cfg.Validate()
+}
+
+// commaList is a flag.Value for a comma-separated list; its String form
+// sets it again to the same list.
+type commaList []string
+
+func (l *commaList) String() string { return strings.Join(*l, ",") }
+
+func (l *commaList) Set(s string) error {
+	*l = nil
+	if s != "" {
+		*l = strings.Split(s, ",")
+	}
+	return nil
 }
 
 // openBackend opens NVML, or fake GPUs when configured. A bad fake spec is

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestBadStart runs the real binary the way a user would and checks that
@@ -71,5 +73,24 @@ func TestBadStart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFlagsOverrideConfigFile checks the precedence: defaults, then the
+// --config file, then flags given on the command line, wherever --config
+// stands among them.
+func TestFlagsOverrideConfigFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "plugin.yaml")
+	if err := os.WriteFile(file, []byte("nodeName: from-file\nsplitCount: 4\nexcludeGPUs: [\"1\"]\nleaseRenew: 2s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := parseFlags("test", []string{"--split-count=7", "--config=" + file, "--exclude-gpus=0,GPU-x", "--memory-scaling=1.5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []any{cfg.NodeName, cfg.SplitCount, cfg.ExcludeGPUs, cfg.LeaseRenew.Duration, cfg.MemoryScaling}
+	want := []any{"from-file", 7, []string{"0", "GPU-x"}, 2 * time.Second, 1.5}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("nodeName, splitCount, excludeGPUs, leaseRenew, memoryScaling (-want +got):\n%s", diff)
 	}
 }
