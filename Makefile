@@ -14,7 +14,10 @@ export CGO_CFLAGS  := -Wno-deprecated-declarations
 # The nested module test/ holds the tests that run real Kubernetes code.
 MODULES    := . test
 # Packages with golden files (tests named *Golden*, flag -update).
-GOLDEN_PKGS := ./vgpu/ ./webhook/
+GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/
+# make image: one image with every binary (Dockerfile); needs docker or podman.
+IMAGE            ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
 
 .PHONY: help
 help: ## List the targets.
@@ -23,6 +26,11 @@ help: ## List the targets.
 .PHONY: build
 build: ## Build the binaries into _output/bin.
 	go build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+.PHONY: image
+image: ## Build the container image $(IMAGE) with docker or podman (not on machines without a container engine).
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no docker or podman found; build the Dockerfile on a machine with a container engine" >&2; exit 1; }
+	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 .PHONY: cluster
 cluster: ## Build the local cluster's binaries into _output/cluster/bin (first time ~10 min on 2 cores, then seconds).
