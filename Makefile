@@ -28,7 +28,7 @@ build: ## Build the binaries into _output/bin.
 	go build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 .PHONY: image
-image: ## Build the container image $(IMAGE) with docker or podman (not on machines without a container engine).
+image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no docker or podman found; build the Dockerfile on a machine with a container engine" >&2; exit 1; }
 	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
