@@ -1,67 +1,149 @@
 package deviceplugin
 
 import (
-	"cmp"
 	"context"
+	"errors"
 	"slices"
-	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-
-	"github.com/gpuslice/gpuslice/vgpu"
+	"k8s.io/utils/clock"
 )
 
-// EnvVisibleDevices is the variable the NVIDIA container runtime reads to
-// decide which GPUs a container sees.
-const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+// Hand-off timings.
+const (
+	// startBudget bounds PreStartContainer (the kubelet gives it 30 s) and
+	// the wait of an env-mode Allocate for the pod view.
+	startBudget = 25 * time.Second
+	// ownerWait is how long a PodResources answer that names no owner is
+	// asked again: the kubelet lists devices as soon as Allocate returns,
+	// so an owner that stays missing is an error, not a delay.
+	ownerWait = 5 * time.Second
+	// listRetryInitial and listRetryMax bound the jittered back-off
+	// between PodResources calls (its rate limit rejects at once).
+	listRetryInitial = 50 * time.Millisecond
+	listRetryMax     = 2 * time.Second
+	// claimTTL is how long an offer keeps its container from being offered
+	// again, and how long a binding or spec of devices nobody holds is
+	// kept.
+	claimTTL = time.Minute
+	// gcInterval is how often stale specs and claims are collected.
+	gcInterval = time.Minute
+	// preferWait bounds how long GetPreferredAllocation waits for the pod
+	// view (its first listing, then a fitting pending container) before it
+	// lets the kubelet choose.
+	preferWait = 2 * time.Second
+)
 
-// allocator turns granted virtual device IDs into container settings.
+// timings are the hand-off's waits, fields so that tests can shorten them.
+type timings struct {
+	Budget, OwnerWait, RetryInitial, RetryMax, ClaimTTL, GCInterval, PreferWait time.Duration
+}
+
+func defaultTimings() timings {
+	return timings{
+		Budget: startBudget, OwnerWait: ownerWait, RetryInitial: listRetryInitial, RetryMax: listRetryMax,
+		ClaimTTL: claimTTL, GCInterval: gcInterval, PreferWait: preferWait,
+	}
+}
+
+// errNoPodView means the plugin runs without an API client, so it cannot
+// read any pod's allocation.
+var errNoPodView = errors.New("no API server configured (--kubeconfig or in-cluster): the plugin cannot read the pods' GPU allocations")
+
+// allocator is the bind → Allocate hand-off: it answers the kubelet's
+// GetPreferredAllocation, Allocate and PreStartContainer so that every
+// container gets exactly its own pod's slice (see docs/handoff.md). It is
+// safe for concurrent use; nothing in it is node-wide locked.
 type allocator struct {
+	cfg    Config
 	inv    *inventory
+	pods   podSource            // nil: no API client, no allocations
+	lister podLister            // the kubelet's PodResources (coalesced)
+	events record.EventRecorder // nil: no events
+	claims *claimStore
+	clock  clock.WithTicker
+	t      timings
 	logger klog.Logger
 }
 
-// allocate maps each container's device IDs to their physical GPUs and
-// exposes those GPUs (whole-GPU semantics). Unknown IDs are an
-// InvalidArgument error naming the ID; nothing is half-answered.
-func (a *allocator) allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+// allocate answers Allocate. Mode cdi: one CDI device per container, named
+// after its device IDs (the spec is written at PreStartContainer). Mode
+// env: the container's environment itself (see allocateEnv). Unknown IDs
+// are an InvalidArgument error naming the ID; nothing is half-answered.
+func (a *allocator) allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.GetContainerRequests()))}
 	for _, creq := range req.GetContainerRequests() {
-		gpus, err := a.gpusOf(creq.GetDevicesIds())
+		ids, gpus, err := a.checkIDs(creq.GetDevicesIds())
 		if err != nil {
 			return nil, err
 		}
-		uuids := make([]string, len(gpus))
-		for i, g := range gpus {
-			uuids[i] = g.UUID
+		var cresp *pluginapi.ContainerAllocateResponse
+		if a.cfg.Mode == ModeEnv {
+			if cresp, err = a.allocateEnv(ctx, ids, gpus); err != nil {
+				return nil, err
+			}
+		} else {
+			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(cdiDeviceName(ids))}}}
 		}
-		a.logger.V(2).Info("Allocate", "devices", creq.GetDevicesIds(), "gpus", uuids)
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{EnvVisibleDevices: strings.Join(uuids, ",")},
-		})
+		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", cdiDeviceName(ids))
+		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
 	return resp, nil
 }
 
-// gpusOf returns the distinct GPUs behind ids, ordered by NVML index.
-func (a *allocator) gpusOf(ids []string) ([]vgpu.GPU, error) {
-	var gpus []vgpu.GPU
+// checkIDs validates device IDs made by DeviceID for advertised GPUs. It
+// returns them sorted without repeats and the UUIDs of their GPUs, sorted;
+// errors are InvalidArgument and name the ID.
+func (a *allocator) checkIDs(ids []string) (sorted, gpus []string, err error) {
+	if len(ids) == 0 {
+		return nil, nil, status.Error(codes.InvalidArgument, "no device IDs")
+	}
 	for _, id := range ids {
 		uuid, ok := GPUOfDeviceID(id)
 		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "device ID %q was not made by this plugin (want <GPU UUID>%s<slice>)", id, deviceIDSeparator)
+			return nil, nil, status.Errorf(codes.InvalidArgument, "device ID %q was not made by this plugin (want <GPU UUID>%s<slice>)", id, deviceIDSeparator)
 		}
-		g, ok := a.inv.gpu(uuid)
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "device ID %q names GPU %s, which this node does not advertise", id, uuid)
+		if _, ok := a.inv.gpu(uuid); !ok {
+			return nil, nil, status.Errorf(codes.InvalidArgument, "device ID %q names GPU %s, which this node does not advertise", id, uuid)
 		}
-		if !slices.ContainsFunc(gpus, func(x vgpu.GPU) bool { return x.UUID == uuid }) {
-			gpus = append(gpus, g)
+		gpus = append(gpus, uuid)
+	}
+	sorted = slices.Clone(ids)
+	slices.Sort(sorted)
+	slices.Sort(gpus)
+	return slices.Compact(sorted), slices.Compact(gpus), nil
+}
+
+// waitSynced waits until the pod view has listed the node's pods once, or
+// ctx ends (false).
+func (a *allocator) waitSynced(ctx context.Context) bool {
+	for {
+		changed := a.pods.Changed()
+		if a.pods.HasSynced() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
 		}
 	}
-	slices.SortFunc(gpus, func(x, y vgpu.GPU) int { return cmp.Compare(x.Index, y.Index) })
-	return gpus, nil
+}
+
+// sleep waits d with ±50% jitter, or until ctx ends (false).
+func (a *allocator) sleep(ctx context.Context, d time.Duration) bool {
+	d = jitter(d)
+	timer := a.clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C():
+		return true
+	}
 }

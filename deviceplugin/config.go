@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,8 +11,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 
+	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -27,6 +28,34 @@ const (
 	MaxMemoryScaling       = 10.0
 	maxDeviceIDLength      = 63
 	kubeletSocketName      = "kubelet.sock"
+
+	// DefaultCDISpecDir is where container runtimes look for transient CDI
+	// specs (containerd and CRI-O read /etc/cdi and /var/run/cdi).
+	DefaultCDISpecDir = "/var/run/cdi"
+	// DefaultPodResourcesSocket is the kubelet's PodResources API socket.
+	DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	// DefaultSharedCacheDir is the container path under which HAMi-core
+	// keeps each container's shared memory-accounting file.
+	DefaultSharedCacheDir = "/tmp/gpuslice"
+	// defaultStateSubdir is the state folder inside DevicePluginDir when
+	// StateDir is empty. The kubelet deletes only sockets there, never
+	// files or folders.
+	defaultStateSubdir = "gpuslice-state"
+)
+
+// Mode says how a container learns its slice.
+type Mode string
+
+const (
+	// ModeCDI answers Allocate with a CDI device name whose spec file the
+	// plugin writes at PreStartContainer, once the kubelet's PodResources
+	// API names the container that holds the devices. Exact; the default.
+	ModeCDI Mode = "cdi"
+	// ModeEnv answers Allocate with the environment itself, for runtimes
+	// without CDI. Allocate carries no pod identity, so the plugin matches
+	// the devices to the pending container the scheduler placed on those
+	// GPUs and verifies the match at PreStartContainer.
+	ModeEnv Mode = "env"
 )
 
 // Config is the device plugin's configuration. Zero fields take the defaults
@@ -63,6 +92,33 @@ type Config struct {
 	// (dgxa100, dgxh100, dgxh200, dgxb200) or a list such as
 	// "2xA100-80GB,1xT4-16GB".
 	FakeGPUs string `json:"fakeGPUs,omitempty"`
+	// Mode is how a container gets its slice: "cdi" (default) or "env"
+	// (runtimes without CDI support). See ModeCDI and ModeEnv.
+	Mode Mode `json:"mode"`
+	// CDISpecDir is the folder the plugin writes its CDI specs to (mode
+	// cdi). The container runtime must read it; an absolute path.
+	CDISpecDir string `json:"cdiSpecDir"`
+	// PodResourcesSocket is the kubelet's PodResources API socket, which
+	// names the pod and container that hold a set of device IDs. The
+	// plugin's DaemonSet must mount its folder. An absolute path.
+	PodResourcesSocket string `json:"podResourcesSocket"`
+	// HostLibVGPU is the host path of HAMi-core's libvgpu.so. When set,
+	// every GPU container gets it read-only at /usr/local/vgpu/libvgpu.so
+	// and an /etc/ld.so.preload that loads it. Empty: no enforcement
+	// library is injected (limits are only published in the environment).
+	HostLibVGPU string `json:"hostLibVGPU,omitempty"`
+	// SharedCacheDir is the folder, inside the container, of the file set
+	// in CUDA_DEVICE_MEMORY_SHARED_CACHE (<dir>/<pod UID>-<container>.cache).
+	SharedCacheDir string `json:"sharedCacheDir"`
+	// StateDir holds the plugin's own files: the env-mode checkpoint and
+	// the ld.so.preload file mounted into containers. It must be the same
+	// path on the host as in the plugin's container (it is mounted into
+	// pods). Empty means <devicePluginDir>/gpuslice-state.
+	StateDir string `json:"stateDir,omitempty"`
+	// HealthAddress is the host:port of the probe endpoints: /readyz (200
+	// only while the kubelet has accepted the plugin's registration) and
+	// /healthz (200 while the process serves). Empty serves none.
+	HealthAddress string `json:"healthAddress,omitempty"`
 }
 
 // DefaultConfig returns the configuration used when nothing is set.
@@ -78,21 +134,26 @@ func DefaultConfig() Config {
 		LeaseDuration:      metav1.Duration{Duration: DefaultLeaseDuration},
 		LeaseRenew:         metav1.Duration{Duration: DefaultLeaseRenew},
 		HealthCoolDown:     metav1.Duration{Duration: DefaultHealthCoolDown},
+		Mode:               ModeCDI,
+		CDISpecDir:         DefaultCDISpecDir,
+		PodResourcesSocket: DefaultPodResourcesSocket,
+		SharedCacheDir:     DefaultSharedCacheDir,
 	}
+}
+
+// EffectiveStateDir returns StateDir, or <DevicePluginDir>/gpuslice-state
+// when StateDir is empty.
+func (c Config) EffectiveStateDir() string {
+	if c.StateDir != "" {
+		return c.StateDir
+	}
+	return filepath.Join(c.DevicePluginDir, defaultStateSubdir)
 }
 
 // LoadConfigFile reads a YAML or JSON file over base: fields present in the
 // file replace those of base; unknown fields are an error naming the field.
 func LoadConfigFile(path string, base Config) (Config, error) {
-	data, err := os.ReadFile(path) //nolint:gosec // G304: the operator names the file.
-	if err != nil {
-		return base, fmt.Errorf("config file: %w", err)
-	}
-	cfg := base
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return base, fmt.Errorf("config file %s: %w", path, err)
-	}
-	return cfg, nil
+	return configfile.Load(path, base)
 }
 
 // Validate checks every field and returns the first problem as a *vgpu.FieldError.
@@ -120,6 +181,20 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("leaseRenew", c.LeaseRenew.String(), "must be a duration above 0 and below leaseDuration ("+c.LeaseDuration.String()+")")
 	case c.HealthCoolDown.Duration <= 0:
 		return vgpu.InvalidField("healthCoolDown", c.HealthCoolDown.String(), "must be a duration above 0")
+	case c.Mode != ModeCDI && c.Mode != ModeEnv:
+		return vgpu.InvalidField("mode", string(c.Mode), `must be "cdi" (CDI devices, the default) or "env" (environment, for runtimes without CDI)`)
+	case !cleanAbs(c.CDISpecDir):
+		return vgpu.InvalidField("cdiSpecDir", c.CDISpecDir, "must be a clean absolute path of a folder the container runtime reads CDI specs from (default "+DefaultCDISpecDir+")")
+	case !cleanAbs(c.PodResourcesSocket):
+		return vgpu.InvalidField("podResourcesSocket", c.PodResourcesSocket, "must be a clean absolute path (the kubelet uses "+DefaultPodResourcesSocket+")")
+	case c.HostLibVGPU != "" && !cleanAbs(c.HostLibVGPU):
+		return vgpu.InvalidField("hostLibVGPU", c.HostLibVGPU, "must be empty or the clean absolute host path of HAMi-core's libvgpu.so")
+	case !cleanAbs(c.SharedCacheDir):
+		return vgpu.InvalidField("sharedCacheDir", c.SharedCacheDir, "must be a clean absolute path inside the container (default "+DefaultSharedCacheDir+")")
+	case c.StateDir != "" && !cleanAbs(c.StateDir):
+		return vgpu.InvalidField("stateDir", c.StateDir, "must be empty (<devicePluginDir>/"+defaultStateSubdir+") or a clean absolute path")
+	case c.HealthAddress != "" && !validHostPort(c.HealthAddress):
+		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8090"`)
 	}
 	for _, g := range c.ExcludeGPUs {
 		if !strings.HasPrefix(g, "GPU-") && !isIndex(g) {
@@ -139,6 +214,13 @@ func (c Config) excluded(gpu vgpu.GPU) bool {
 	return false
 }
 
+// cleanAbs reports whether path is absolute and already clean (no "..",
+// no trailing slash, no repeated slashes), so it can be used verbatim in
+// mounts and CDI specs.
+func cleanAbs(path string) bool {
+	return filepath.IsAbs(path) && filepath.Clean(path) == path
+}
+
 func isIndex(s string) bool {
 	n, err := strconv.Atoi(s)
 	return err == nil && n >= 0
@@ -153,4 +235,15 @@ func validResourceName(name string) bool {
 		return false
 	}
 	return len(validation.IsDNS1123Subdomain(domain)) == 0 && len(validation.IsQualifiedName(name)) == 0
+}
+
+// validHostPort reports whether s is host:port (host may be empty) with a
+// numeric port from 1 to 65535.
+func validHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535
 }

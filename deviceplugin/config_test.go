@@ -43,6 +43,17 @@ func TestConfigValidate(t *testing.T) {
 		{name: "renew not below duration", mutate: func(c *Config) { c.LeaseRenew = c.LeaseDuration }, wantField: "leaseRenew"},
 		{name: "bad namespace", mutate: func(c *Config) { c.HeartbeatNamespace = "Kube" }, wantField: "heartbeatNamespace"},
 		{name: "zero cool-down", mutate: func(c *Config) { c.HealthCoolDown.Duration = 0 }, wantField: "healthCoolDown"},
+		{name: "env mode", mutate: func(c *Config) { c.Mode = ModeEnv }},
+		{name: "unknown mode", mutate: func(c *Config) { c.Mode = "docker" }, wantField: "mode"},
+		{name: "empty mode", mutate: func(c *Config) { c.Mode = "" }, wantField: "mode"},
+		{name: "relative CDI spec dir", mutate: func(c *Config) { c.CDISpecDir = "cdi" }, wantField: "cdiSpecDir"},
+		{name: "unclean CDI spec dir", mutate: func(c *Config) { c.CDISpecDir = "/var/run/cdi/" }, wantField: "cdiSpecDir"},
+		{name: "empty PodResources socket", mutate: func(c *Config) { c.PodResourcesSocket = "" }, wantField: "podResourcesSocket"},
+		{name: "libvgpu set", mutate: func(c *Config) { c.HostLibVGPU = "/usr/local/vgpu/libvgpu.so" }},
+		{name: "relative libvgpu", mutate: func(c *Config) { c.HostLibVGPU = "libvgpu.so" }, wantField: "hostLibVGPU"},
+		{name: "relative shared cache dir", mutate: func(c *Config) { c.SharedCacheDir = "tmp" }, wantField: "sharedCacheDir"},
+		{name: "state dir set", mutate: func(c *Config) { c.StateDir = "/var/lib/gpuslice" }},
+		{name: "relative state dir", mutate: func(c *Config) { c.StateDir = "state" }, wantField: "stateDir"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,6 +95,26 @@ func TestLoadConfigFile(t *testing.T) {
 	want.SplitCount, want.MemoryScaling, want.ExcludeGPUs, want.LeaseRenew = 4, 1.5, []string{"1"}, metav1.Duration{Duration: 2 * time.Second}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("LoadConfigFile (-want +got):\n%s", diff)
+	}
+
+	modes := filepath.Join(dir, "modes.yaml")
+	if err := os.WriteFile(modes, []byte("mode: env\ncdiSpecDir: /etc/cdi\nhostLibVGPU: /opt/libvgpu.so\nstateDir: /var/lib/gpuslice\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err = LoadConfigFile(modes, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = base
+	want.Mode, want.CDISpecDir, want.HostLibVGPU, want.StateDir = ModeEnv, "/etc/cdi", "/opt/libvgpu.so", "/var/lib/gpuslice"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("LoadConfigFile with hand-off fields (-want +got):\n%s", diff)
+	}
+	if got := want.EffectiveStateDir(); got != "/var/lib/gpuslice" {
+		t.Errorf("EffectiveStateDir = %q with stateDir set", got)
+	}
+	if got := base.EffectiveStateDir(); got != filepath.Join(base.DevicePluginDir, "gpuslice-state") {
+		t.Errorf("EffectiveStateDir = %q, want <devicePluginDir>/gpuslice-state", got)
 	}
 
 	unknown := filepath.Join(dir, "unknown.yaml")

@@ -121,20 +121,21 @@ func TestAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &allocator{inv: inv, logger: ktesting.NewLogger(t, ktesting.DefaultConfig)}
+	a := &allocator{cfg: validConfig(), inv: inv, logger: ktesting.NewLogger(t, ktesting.DefaultConfig)}
 	gpu0, gpu1 := testGPUs()[1].UUID, testGPUs()[0].UUID
+	name := func(ids ...string) string { return CDIQualifiedName(cdiDeviceName(ids)) }
 	tests := []struct {
 		name     string
 		ids      [][]string
-		wantEnvs []string
+		want     []string // CDI device per container
 		wantCode codes.Code
 	}{
-		{name: "one slice", ids: [][]string{{DeviceID(gpu0, 3)}}, wantEnvs: []string{gpu0}},
-		{name: "two slices of one GPU expose it once", ids: [][]string{{DeviceID(gpu0, 1), DeviceID(gpu0, 2)}}, wantEnvs: []string{gpu0}},
-		{name: "GPUs in index order", ids: [][]string{{DeviceID(gpu1, 0), DeviceID(gpu0, 0)}}, wantEnvs: []string{gpu0 + "," + gpu1}},
-		{name: "one answer per container", ids: [][]string{{DeviceID(gpu0, 0)}, {DeviceID(gpu1, 5)}}, wantEnvs: []string{gpu0, gpu1}},
+		{name: "one slice", ids: [][]string{{DeviceID(gpu0, 3)}}, want: []string{name(DeviceID(gpu0, 3))}},
+		{name: "name ignores order", ids: [][]string{{DeviceID(gpu1, 0), DeviceID(gpu0, 0)}}, want: []string{name(DeviceID(gpu0, 0), DeviceID(gpu1, 0))}},
+		{name: "one answer per container", ids: [][]string{{DeviceID(gpu0, 0)}, {DeviceID(gpu1, 5)}}, want: []string{name(DeviceID(gpu0, 0)), name(DeviceID(gpu1, 5))}},
+		{name: "no IDs", ids: [][]string{{}}, wantCode: codes.InvalidArgument},
 		{name: "foreign ID", ids: [][]string{{"nvidia0"}}, wantCode: codes.InvalidArgument},
-		{name: "unknown GPU", ids: [][]string{{DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument},
+		{name: "unknown GPU", ids: [][]string{{DeviceID(gpu0, 0)}, {DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,10 +155,15 @@ func TestAllocate(t *testing.T) {
 			}
 			var got []string
 			for _, c := range resp.GetContainerResponses() {
-				got = append(got, c.GetEnvs()[EnvVisibleDevices])
+				for _, d := range c.GetCdiDevices() {
+					got = append(got, d.GetName())
+				}
+				if len(c.GetEnvs()) != 0 {
+					t.Errorf("mode cdi answered env %v; the CDI spec carries it", c.GetEnvs())
+				}
 			}
-			if diff := cmp.Diff(tt.wantEnvs, got); diff != "" {
-				t.Errorf("%s per container (-want +got):\n%s", EnvVisibleDevices, diff)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("CDI devices per container (-want +got):\n%s", diff)
 			}
 		})
 	}

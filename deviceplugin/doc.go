@@ -11,6 +11,23 @@
 // node's GPU inventory, a heartbeat Lease and the hami.io/gpu.ready label to
 // the API server; registration never waits on the API server.
 //
+// The bind → Allocate hand-off gives every container exactly its own pod's
+// slice (docs/handoff.md). The scheduler extender writes the pod's
+// allocation (vgpu.AnnotationPodAllocation) at bind; the plugin watches the
+// node's pods with an informer. GetPreferredAllocation steers the kubelet to
+// devices on the GPUs the scheduler chose. In mode cdi (the default)
+// Allocate answers a CDI device named after the device IDs, and
+// PreStartContainer, called before every container start, asks the
+// kubelet's PodResources API which container holds exactly those IDs and
+// writes that container's CDI spec: HAMi-core's environment
+// (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT, …), device nodes and,
+// when configured, libvgpu.so with an ld.so.preload. In mode env, for
+// runtimes without CDI, Allocate answers the environment itself for the
+// pending container it matches, checkpoints that choice, and
+// PreStartContainer refuses any start for another container. Refusals are
+// errors the kubelet retries and Warning events on the pod. Stale specs are
+// collected every minute.
+//
 // The GPU backend (NVML or fake GPUs) and the Kubernetes client are injected
 // through small interfaces, so tests run against the real kubelet device
 // manager with fake GPUs.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // Retry timing while the kubelet is absent or refuses registration. A
@@ -122,7 +121,7 @@ func registerOnce(ctx context.Context, ep *endpoint, kubeletSocket, name, resour
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	result := make(chan error, 1)
-	go func() { result <- Register(ctx, kubeletSocket, name, resource, &pluginapi.DevicePluginOptions{}) }()
+	go func() { result <- Register(ctx, kubeletSocket, name, resource, pluginOptions()) }()
 	for {
 		select {
 		case err := <-result:

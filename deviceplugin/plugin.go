@@ -27,10 +27,13 @@ type GPUBackend interface {
 
 // Options are the plugin's injected parts. Zero fields take defaults.
 type Options struct {
-	// Client publishes inventory, heartbeat and label. Nil disables
-	// publishing; the plugin still serves, registers and allocates.
+	// Client publishes inventory, heartbeat and label, watches the node's
+	// pods for their GPU allocations and records events. Nil disables all
+	// of that: the plugin still serves and registers, but refuses to start
+	// GPU containers, since it cannot read their allocations.
 	Client kubernetes.Interface
-	// Clock drives lease renewal and retry timers. Default: the real clock.
+	// Clock drives lease renewal, retry timers and stale-spec collection.
+	// Default: the real clock.
 	Clock clock.WithTicker
 	// PluginVersion is reported in the heartbeat.
 	PluginVersion string
@@ -108,8 +111,9 @@ func (p *Plugin) setRegistration(r registration) {
 
 // Run serves and registers until ctx ends, then stops the server, removes
 // its socket, marks the node not ready and returns nil. It returns an error
-// only when it cannot start at all (GPU listing fails, the device-plugin
-// folder cannot be used).
+// only when it cannot start at all (GPU listing fails, the device-plugin,
+// state or CDI spec folder cannot be used). In the background it watches
+// the node's pods (with Options.Client) and collects stale CDI specs.
 func (p *Plugin) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("resource", p.cfg.ResourceName, "node", p.cfg.NodeName)
 	ctx = klog.NewContext(ctx, logger)
@@ -146,7 +150,17 @@ func (p *Plugin) Run(ctx context.Context) error {
 		logger.Info("No API server configured: inventory, heartbeat and ready label are not published")
 	}
 
-	alloc := &allocator{inv: inv, logger: logger}
+	alloc, release, err := p.startHandoff(ctx, inv)
+	if err != nil {
+		cancel()
+		return err
+	}
+	wg.Go(func() {
+		<-ctx.Done()
+		release()
+	})
+	wg.Go(func() { alloc.runGC(ctx) })
+
 	for round := 1; ctx.Err() == nil; round++ {
 		if err := p.serveRound(ctx, round, inv, alloc, dir); err != nil {
 			cancel()

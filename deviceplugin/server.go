@@ -74,9 +74,16 @@ func (e *endpoint) stop() {
 	})
 }
 
+// pluginOptions are the optional calls the plugin asks the kubelet for:
+// GetPreferredAllocation (to steer devices to the scheduler's GPUs) and
+// PreStartContainer (to hand each container its own pod's slice).
+func pluginOptions() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true}
+}
+
 // GetDevicePluginOptions tells the kubelet which optional calls to make.
 func (e *endpoint) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
-	return &pluginapi.DevicePluginOptions{}, nil
+	return pluginOptions(), nil
 }
 
 // ListAndWatch sends the whole device list now and again after every health
@@ -109,13 +116,20 @@ func (e *endpoint) endStream() {
 	}
 }
 
-// Allocate answers the kubelet for each container with the environment that
-// exposes exactly the GPUs behind the granted virtual devices.
+// GetPreferredAllocation steers the kubelet to devices on the GPUs the
+// scheduler chose for the container being admitted; it never fails.
+func (e *endpoint) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	return e.alloc.preferred(ctx, req), nil
+}
+
+// Allocate answers each container with a CDI device (mode cdi) or its
+// environment (mode env); see allocator.allocate.
 func (e *endpoint) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	return e.alloc.allocate(ctx, req)
 }
 
-// PreStartContainer is not requested (see GetDevicePluginOptions).
-func (e *endpoint) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
-	return &pluginapi.PreStartContainerResponse{}, nil
+// PreStartContainer hands the starting container its own pod's slice, or
+// refuses the start; see allocator.preStart.
+func (e *endpoint) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return e.alloc.preStart(ctx, req)
 }

@@ -1,6 +1,20 @@
-// Package extender will hold gpuslice's scheduler extender: the HTTP
-// filter/prioritize/bind endpoints a stock kube-scheduler calls to place pods
-// that ask for hami.io resources on registered nodes and concrete GPUs. It is
-// built in the scheduling milestone; the shared model it will call lives in
-// package vgpu.
+// Package extender is gpuslice's scheduler extender: the HTTP filter,
+// prioritize and bind endpoints a stock kube-scheduler (profile
+// gpuslice-scheduler, nodeCacheCapable) calls to place pods that ask for
+// hami.io resources on nodes whose device plugin is serving, and on
+// concrete GPUs.
+//
+// A Scheduler keeps the cluster's GPU state from informers only (Nodes,
+// Pods, and the device plugins' heartbeat Leases): per node the parsed
+// inventory, ready label, allocatable GPUs and heartbeat, and a
+// vgpu.NodeUsage updated incrementally as pods are bound, reserved and
+// deleted. Filter and Prioritize read that state under a read lock and
+// call vgpu.Fit and vgpu.Score; they make no API call. Bind re-checks the
+// fit under a per-node lock, reserves the GPUs in memory, writes the
+// allocation annotation and posts the Binding, undoing both on failure.
+// Everything is rebuilt from annotations on restart.
+//
+// The HTTP layer (Handler, Serve, Run) only decodes, calls one Scheduler
+// method and encodes. docs/extender.md describes the endpoints, flags and
+// the kube-scheduler configuration.
 package extender

@@ -5,7 +5,8 @@
 #   etcd                                      test/cmd/etcd (go.etcd.io/etcd/server/v3 etcdmain)
 #   gpuslice-fake-cri                         test/cmd/gpuslice-fake-cri (k8s.io/cri-client fake + recorder)
 #   helm                                      helm.sh/helm/v3 (HELM_VERSION), go install outside any module
-#   gpuslice-device-plugin                    ./cmd/gpuslice-device-plugin (always rebuilt; seconds)
+#   gpuslice-device-plugin, gpuslice-scheduler,
+#   gpuslice-webhook                          ./cmd/... of the product module (always rebuilt; seconds)
 #
 # The test-module binaries are skipped when a stamp file holds the same hash of test/go.mod,
 # test/go.sum, test/cmd/**, test/fakecri/** and this script; helm is skipped when its stamp holds
@@ -82,9 +83,9 @@ else
 	log "built helm in $((SECONDS - start))s"
 fi
 
-# 3. The device plugin, from the working tree: always, since go build's cache makes it cheap.
+# 3. gpuslice's own binaries, from the working tree: always, since go build's cache makes it cheap.
 start=${SECONDS}
-(cd "${root}" && go build -o "${bin}/" ./cmd/gpuslice-device-plugin)
-log "built gpuslice-device-plugin in $((SECONDS - start))s"
+(cd "${root}" && go build -o "${bin}/" ./cmd/gpuslice-device-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook)
+log "built gpuslice-device-plugin, gpuslice-scheduler and gpuslice-webhook in $((SECONDS - start))s"
 
 log "done in $((SECONDS - total_start))s: ${bin}"

@@ -9,16 +9,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -82,13 +86,37 @@ func run(args []string) int {
 		}
 	}()
 
-	logger.Info("Starting", "version", version, "node", cfg.NodeName, "fakeGPUs", cfg.FakeGPUs)
+	if cfg.HealthAddress != "" {
+		stopProbes, err := serveProbes(ctx, cfg.HealthAddress, plugin.ProbeHandler())
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+			return 1
+		}
+		defer stopProbes()
+	}
+
+	logger.Info("Starting", "version", version, "node", cfg.NodeName, "fakeGPUs", cfg.FakeGPUs, "mode", cfg.Mode)
 	if err := plugin.Run(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 1
 	}
 	logger.Info("Stopped")
 	return 0
+}
+
+// serveProbes listens on addr and serves h until the returned stop is called.
+func serveProbes(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("probe endpoints: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Probe endpoints stopped")
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
 }
 
 // parseFlags builds the Config: defaults, then the --config file, then the
@@ -99,7 +127,7 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	klog.InitFlags(fs)
 	configFile := fs.String("config", "", "YAML or JSON file with the plugin configuration; flags given on the command line override it")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for publishing inventory, heartbeat and ready label (default: in-cluster; none: do not publish)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for publishing inventory, heartbeat and ready label and reading pods' GPU allocations (default: in-cluster; none: do not publish, and refuse GPU containers)")
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "Node this agent runs on (default $NODE_NAME)")
 	fs.StringVar(&cfg.ResourceName, "resource-name", cfg.ResourceName, "extended resource to register")
 	fs.IntVar(&cfg.SplitCount, "split-count", cfg.SplitCount, "virtual devices per GPU (most pods sharing one GPU), 1-100")
@@ -112,25 +140,15 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.DurationVar(&cfg.LeaseRenew.Duration, "lease-renew", cfg.LeaseRenew.Duration, "heartbeat Lease renewal interval")
 	fs.DurationVar(&cfg.HealthCoolDown.Duration, "health-cooldown", cfg.HealthCoolDown.Duration, "wait before re-probing an unhealthy GPU")
 	fs.StringVar(&cfg.FakeGPUs, "fake-gpus", cfg.FakeGPUs, "use fake GPUs instead of NVML: dgxa100|dgxh100|dgxh200|dgxb200 or a list like 2xA100-80GB,1xT4-16GB")
-	if err := fs.Parse(args); err != nil {
+	fs.StringVar((*string)(&cfg.Mode), "mode", string(cfg.Mode), "how containers get their slice: cdi (CDI devices) or env (environment, for runtimes without CDI)")
+	fs.StringVar(&cfg.CDISpecDir, "cdi-spec-dir", cfg.CDISpecDir, "folder the plugin writes its CDI specs to (mode cdi); the container runtime must read it")
+	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", cfg.PodResourcesSocket, "the kubelet's PodResources API socket")
+	fs.StringVar(&cfg.HostLibVGPU, "host-libvgpu", cfg.HostLibVGPU, "host path of HAMi-core's libvgpu.so to preload in GPU containers (default: none)")
+	fs.StringVar(&cfg.SharedCacheDir, "shared-cache-dir", cfg.SharedCacheDir, "container folder of CUDA_DEVICE_MEMORY_SHARED_CACHE files")
+	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "host:port of /readyz (registered with the kubelet) and /healthz; empty serves none")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "folder for the plugin's checkpoint and ld.so.preload, the same path on the host (default <device-plugin-dir>/gpuslice-state)")
+	if err := configfile.Parse(fs, args, &cfg, deviceplugin.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err
-	}
-	if fs.NArg() > 0 {
-		return cfg, "", fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
-	}
-	if *configFile != "" {
-		set := map[string]string{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
-		loaded, err := deviceplugin.LoadConfigFile(*configFile, deviceplugin.DefaultConfig())
-		if err != nil {
-			return cfg, "", err
-		}
-		cfg = loaded
-		for name, value := range set {
-			if err := fs.Set(name, value); err != nil {
-				return cfg, "", fmt.Errorf("--%s: %w", name, err)
-			}
-		}
 	}
 	return cfg, *kubeconfig, cfg.Validate()
 }

@@ -45,6 +45,9 @@ func TestBadStart(t *testing.T) {
 		{name: "unknown field in config file", args: []string{"--node-name=n1", "--config=" + badFile}, wantCode: 2, want: []string{"memoryScale"}},
 		{name: "bad fake GPU spec", args: []string{"--node-name=n1", "--fake-gpus=3xBANANA", "--device-plugin-dir=" + pluginDir}, wantCode: 2, want: []string{"fakeGPUs", "BANANA"}},
 		{name: "stray argument", args: []string{"--node-name=n1", "extra"}, wantCode: 2, want: []string{"extra"}},
+		{name: "unknown mode", args: []string{"--node-name=n1", "--mode=docker"}, wantCode: 2, want: []string{"mode", "docker", "cdi", "env"}},
+		{name: "relative CDI spec dir", args: []string{"--node-name=n1", "--cdi-spec-dir=cdi"}, wantCode: 2, want: []string{"cdiSpecDir", "absolute"}},
+		{name: "relative libvgpu", args: []string{"--node-name=n1", "--host-libvgpu=libvgpu.so"}, wantCode: 2, want: []string{"hostLibVGPU", "libvgpu.so"}},
 		{name: "no NVIDIA driver", args: []string{"--node-name=n1", "--device-plugin-dir=" + pluginDir}, wantCode: 1, want: []string{"NVML", "--fake-gpus"}},
 	}
 	for _, tt := range tests {
@@ -92,5 +95,22 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 	want := []any{"from-file", 7, []string{"0", "GPU-x"}, 2 * time.Second, 1.5}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("nodeName, splitCount, excludeGPUs, leaseRenew, memoryScaling (-want +got):\n%s", diff)
+	}
+}
+
+func TestHandoffFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "plugin.yaml")
+	if err := os.WriteFile(file, []byte("nodeName: n1\nmode: env\ncdiSpecDir: /etc/cdi\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := parseFlags("test", []string{"--config=" + file, "--mode=cdi", "--pod-resources-socket=/run/pr.sock",
+		"--host-libvgpu=/opt/hami/libvgpu.so", "--shared-cache-dir=/tmp/hami", "--state-dir=/var/lib/gpuslice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{string(cfg.Mode), cfg.CDISpecDir, cfg.PodResourcesSocket, cfg.HostLibVGPU, cfg.SharedCacheDir, cfg.StateDir}
+	want := []string{"cdi", "/etc/cdi", "/run/pr.sock", "/opt/hami/libvgpu.so", "/tmp/hami", "/var/lib/gpuslice"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("mode, cdiSpecDir, podResourcesSocket, hostLibVGPU, sharedCacheDir, stateDir (-want +got):\n%s", diff)
 	}
 }

@@ -24,8 +24,11 @@ const pollInterval = 100 * time.Millisecond
 type Options struct {
 	// BinDir holds the binaries hack/build-cluster.sh builds; empty means FindBinDir.
 	BinDir string
-	// PluginPath is the gpuslice-device-plugin binary to run; empty means the one in BinDir.
-	PluginPath string
+	// PluginPath, ExtenderPath and WebhookPath are the gpuslice-device-plugin,
+	// gpuslice-scheduler and gpuslice-webhook binaries to run; empty means the ones in BinDir.
+	PluginPath, ExtenderPath, WebhookPath string
+	// ExtenderArgs and WebhookArgs are extra flags for the extender and the webhook.
+	ExtenderArgs, WebhookArgs []string
 	// Dir is the cluster's folder; it must not exist or be empty. Empty means a new folder under
 	// the system temporary folder with a short name: unix socket paths under it must stay under
 	// 108 bytes. Stop removes it.
@@ -45,9 +48,12 @@ type Options struct {
 type State struct {
 	// Dir is the cluster's folder; everything the cluster writes is under it.
 	Dir string `json:"dir"`
-	// BinDir is where the binaries were taken from; PluginPath is the device plugin's binary.
-	BinDir     string `json:"binDir"`
-	PluginPath string `json:"pluginPath"`
+	// BinDir is where the binaries were taken from; PluginPath, ExtenderPath and WebhookPath are
+	// gpuslice's binaries.
+	BinDir       string `json:"binDir"`
+	PluginPath   string `json:"pluginPath"`
+	ExtenderPath string `json:"extenderPath"`
+	WebhookPath  string `json:"webhookPath"`
 	// Kubeconfig is the admin kubeconfig's path.
 	Kubeconfig string `json:"kubeconfig"`
 	// Token is the admin bearer token; CAData the API server's PEM certificate.
@@ -56,6 +62,11 @@ type State struct {
 	// EtcdPort and APIServerPort are the loopback ports of etcd's client URL and the API server.
 	EtcdPort      int `json:"etcdPort"`
 	APIServerPort int `json:"apiServerPort"`
+	// ExtenderPort is the extender's plain-HTTP loopback port; WebhookPort the webhook's HTTPS
+	// port, whose self-signed serving certificate (also its CA) is WebhookCA.
+	ExtenderPort int    `json:"extenderPort"`
+	WebhookPort  int    `json:"webhookPort"`
+	WebhookCA    []byte `json:"webhookCA"`
 	// Processes are the running components in start order; Stop stops them in reverse.
 	Processes []*Process `json:"processes"`
 	// Nodes are the simulated nodes' settings and folders.
@@ -78,9 +89,10 @@ type Cluster struct {
 	client         kubernetes.Interface
 }
 
-// Start starts etcd, kube-apiserver, kube-scheduler and every node of opts and waits for each to be
-// ready: the API server's /readyz, every Node Ready without the not-ready taint, and every node's
-// device plugin registered (label hami.io/gpu.ready=true). ctx bounds the start; the processes
+// Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
+// gpuslice profiles) and every node of opts and waits for each to be ready: the API server's
+// /readyz, the extender's /readyz, the API server calling the webhook, every Node Ready without
+// the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true). ctx bounds the start; the processes
 // outlive it and run until Stop. On error everything started is stopped again and the error
 // carries the tail of every log.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
@@ -96,6 +108,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if c.State.PluginPath = opts.PluginPath; c.State.PluginPath == "" {
 		c.State.PluginPath = filepath.Join(c.State.BinDir, "gpuslice-device-plugin")
+	}
+	if c.State.ExtenderPath = opts.ExtenderPath; c.State.ExtenderPath == "" {
+		c.State.ExtenderPath = filepath.Join(c.State.BinDir, ExtenderName)
+	}
+	if c.State.WebhookPath = opts.WebhookPath; c.State.WebhookPath == "" {
+		c.State.WebhookPath = filepath.Join(c.State.BinDir, WebhookName)
 	}
 	if c.State.Dir = opts.Dir; c.State.Dir == "" {
 		if c.State.Dir, err = os.MkdirTemp("", "gs-"); err != nil {
@@ -132,7 +150,14 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 		return fmt.Errorf("admin client: %w", err)
 	}
 	c.client = client
-	if err := c.startScheduler(ctx); err != nil {
+	extenderPort, err := c.startExtender(ctx, opts.ExtenderArgs)
+	if err != nil {
+		return err
+	}
+	if err := c.startWebhook(ctx, opts.WebhookArgs); err != nil {
+		return err
+	}
+	if err := c.startScheduler(ctx, extenderPort); err != nil {
 		return err
 	}
 	for _, no := range opts.Nodes {

@@ -139,18 +139,25 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	return c.writeKubeconfig(c.State.Kubeconfig)
 }
 
-// startScheduler starts kube-scheduler with the admin kubeconfig and waits for its /healthz.
-func (c *Cluster) startScheduler(ctx context.Context) error {
+// startScheduler starts kube-scheduler with the stock and gpuslice profiles, the latter calling the
+// extender on extenderPort, and waits for its /healthz.
+func (c *Cluster) startScheduler(ctx context.Context, extenderPort int) error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
 	dir := filepath.Join(c.State.Dir, "kube-scheduler")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("create scheduler folder: %w", err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte(schedulerConfig(c.State.Kubeconfig, extenderPort)), 0o600); err != nil {
+		return fmt.Errorf("write scheduler configuration: %w", err)
+	}
 	p, err := c.start("kube-scheduler", "kube-scheduler", []string{
-		"--kubeconfig=" + c.State.Kubeconfig,
+		"--config=" + cfg,
 		"--bind-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),
-		"--leader-elect=false",
 	}, dir)
 	if err != nil {
 		return err

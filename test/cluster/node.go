@@ -91,7 +91,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	n := &Node{c: c, NodeState: NodeState{NodeOptions: opts, Dir: filepath.Join(c.State.Dir, opts.Name), KubeletPort: port}}
-	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log")} {
+	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log"), n.CDISpecDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("node %s: create folder: %w", n.Name, err)
 		}
@@ -118,6 +118,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	return n, nil
 }
 
+// CDISpecDir returns the node's CDI spec folder (the runtime's /var/run/cdi): the device plugin
+// writes specs there and the fake CRI resolves CDI devices from it.
+func (n *Node) CDISpecDir() string { return filepath.Join(n.Dir, "cdi") }
+
 // criSocket returns the fake CRI's socket path.
 func (n *Node) criSocket() string { return filepath.Join(n.Dir, "cri.sock") }
 
@@ -126,6 +130,7 @@ func (n *Node) startCRI(ctx context.Context) error {
 	p, err := n.c.start(n.Name+"/fake-cri", "gpuslice-fake-cri", []string{
 		"--socket=" + n.criSocket(),
 		"--record-file=" + n.CRIRecordPath(),
+		"--cdi-spec-dirs=" + n.CDISpecDir(),
 	}, n.Dir)
 	if err != nil {
 		return err
@@ -249,6 +254,8 @@ func (n *Node) StartPlugin() error {
 		"--fake-gpus=" + n.FakeGPUs,
 		"--node-name=" + n.Name,
 		"--device-plugin-dir=" + n.DevicePluginDir(),
+		"--pod-resources-socket=" + n.PodResourcesSocket(),
+		"--cdi-spec-dir=" + n.CDISpecDir(),
 		"--kubeconfig=" + n.c.State.Kubeconfig,
 	}
 	p, err := n.c.start(n.Name+"/device-plugin", n.c.State.PluginPath, append(args, n.PluginArgs...), n.Dir)

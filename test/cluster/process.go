@@ -31,6 +31,8 @@ type Process struct {
 	Log string `json:"log"`
 	// WorkDir is the process's working folder, empty when it started.
 	WorkDir string `json:"workDir"`
+	// Args are the command-line arguments it was started with (without the program).
+	Args []string `json:"args"`
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd.Wait returns
@@ -70,7 +72,7 @@ func startProcess(name, path string, args []string, workDir, logPath string, wit
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
 	}
-	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, Args: args, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.done)

@@ -48,13 +48,16 @@ func TestAPIServerUnreachableAtStart(t *testing.T) {
 	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
 		t.Fatalf("registration with the API server down: %v", err)
 	}
-	if !p.plugin.Registered() {
-		t.Fatal("plugin does not report itself registered")
-	}
+	// The kubelet can publish the devices a moment before its Register
+	// answer reaches the plugin.
+	waitUntil(t, waitLong, "the plugin to report itself registered", p.plugin.Registered)
 
 	// The API server comes back (same port, same data); the kubelet would
 	// create the Node, so the test does.
 	second := apiserver.Start(t, apiserver.Options{Port: port, Dir: apiDir})
+	// Stop the plugin first: the API server's graceful stop waits for open
+	// watches, and the plugin watches the node's pods.
+	t.Cleanup(p.stop)
 	admin := kubernetes.NewForConfigOrDie(second.Config())
 	ctx := waitCtx(t, waitLong)
 	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {

@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -20,6 +16,7 @@ import (
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
 const (
@@ -40,6 +37,7 @@ const (
 // fake GPUs.
 type runningPlugin struct {
 	t      *testing.T
+	cfg    deviceplugin.Config
 	plugin *deviceplugin.Plugin
 	fake   *nvidia.Fake
 	cancel context.CancelFunc
@@ -49,6 +47,14 @@ type runningPlugin struct {
 // startPlugin runs a plugin on dir until stop or the end of the test.
 // client may be nil (no API server configured).
 func startPlugin(t *testing.T, dir string, client kubernetes.Interface) *runningPlugin {
+	t.Helper()
+	return startPluginWith(t, dir, client, nil)
+}
+
+// startPluginWith is startPlugin with configuration changes. By default the
+// plugin's CDI specs and state live in dir (the kubelet deletes only
+// sockets there) and nothing serves its PodResources socket.
+func startPluginWith(t *testing.T, dir string, client kubernetes.Interface, mutate func(*deviceplugin.Config)) *runningPlugin {
 	t.Helper()
 	fake, err := nvidia.NewFake(fakeGPUs, nodeName)
 	if err != nil {
@@ -64,12 +70,18 @@ func startPlugin(t *testing.T, dir string, client kubernetes.Interface) *running
 	cfg.DevicePluginDir = dir
 	cfg.LeaseRenew.Duration = time.Second
 	cfg.LeaseDuration.Duration = 5 * time.Second
+	cfg.FakeGPUs = fakeGPUs // no /dev/nvidia* device nodes in CDI specs
+	cfg.CDISpecDir = filepath.Join(dir, "cdi")
+	cfg.PodResourcesSocket = filepath.Join(dir, "no-pod-resources.sock")
+	if mutate != nil {
+		mutate(&cfg)
+	}
 	p, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
-	r := &runningPlugin{t: t, plugin: p, fake: fake, cancel: cancel, done: make(chan error, 1)}
+	r := &runningPlugin{t: t, cfg: cfg, plugin: p, fake: fake, cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		r.done <- p.Run(ctx)
 		_ = backend.Close()
@@ -117,19 +129,6 @@ func startRegistered(t *testing.T) (string, *devicemanager.Manager, *runningPlug
 		t.Fatal(err)
 	}
 	return dir, m, p
-}
-
-func gpuPod(name string, gpus int64) (*corev1.Pod, *corev1.Container) {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "main",
-			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-				resourceName: *resource.NewQuantity(gpus, resource.DecimalSI),
-			}},
-		}}},
-	}
-	return pod, &pod.Spec.Containers[0]
 }
 
 // Scenario 1: the plugin serves, then registers: the real kubelet accepts it
@@ -209,35 +208,26 @@ func TestKubeletRestart(t *testing.T) {
 }
 
 // Scenario 4: the plugin restarts; the kubelet drops allocatable at once,
-// then gets the devices back, and its Allocate returns the plugin's env.
+// then gets the devices back, and a pod admitted afterwards starts with its
+// own slice.
 func TestPluginRestart(t *testing.T) {
 	t.Parallel()
-	dir, m, p := startRegistered(t)
+	h := newHandoffEnv(t, deviceplugin.ModeCDI)
+	p := h.start()
 	all := int64(allDevices)
 	p.stop()
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, 0); err != nil {
+	if err := h.m.WaitResource(waitCtx(t, waitLong), resourceName, all, 0); err != nil {
 		t.Fatalf("plugin stopped: %v", err)
 	}
-	startPlugin(t, dir, nil)
-	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatalf("plugin back: %v", err)
-	}
+	h.start()
 
-	uuids := map[string]bool{}
-	for i := range gpuCount {
-		uuids[nvidia.FakeUUID(nodeName, i)] = true
-	}
-	pod, ctr := gpuPod("whole-gpu", 1)
-	if err := m.Allocate(pod, ctr); err != nil {
+	pod := h.createPod("after-restart", time.Now(), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(2), 4096, 10))
+	if err := h.m.Allocate(pod, &pod.Spec.Containers[0]); err != nil {
 		t.Fatalf("kubelet Allocate: %v", err)
 	}
-	env, err := m.ContainerEnv(pod, ctr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := env[deviceplugin.EnvVisibleDevices]
-	if !uuids[got] {
-		t.Errorf("%s=%q, want exactly one of this node's GPU UUIDs %v", deviceplugin.EnvVisibleDevices, got, uuids)
+	env := h.startContainer(pod, "main")
+	if got := env[deviceplugin.EnvVisibleDevices]; got != fakeGPU(2) {
+		t.Errorf("%s=%q, want the scheduler's GPU %s", deviceplugin.EnvVisibleDevices, got, fakeGPU(2))
 	}
 }
 

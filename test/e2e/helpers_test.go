@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -28,8 +29,8 @@ func requireHost(t *testing.T) {
 		why = err.Error()
 	}
 	if why == "" {
-		if pluginPath == "" {
-			t.Fatal("e2e: TestMain did not build gpuslice-device-plugin")
+		if binDir == "" {
+			t.Fatal("e2e: TestMain did not build the gpuslice binaries")
 		}
 		return
 	}
@@ -47,7 +48,7 @@ func startCluster(t *testing.T, nodes ...cluster.NodeOptions) *cluster.Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	began := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Nodes: nodes, PluginPath: pluginPath, StopWithParent: true})
+	c, err := cluster.Start(ctx, clusterOptions(nodes...))
 	if err != nil {
 		t.Fatalf("e2e: %v", err)
 	}
@@ -63,13 +64,27 @@ func startCluster(t *testing.T, nodes ...cluster.NodeOptions) *cluster.Cluster {
 	return c
 }
 
+// clusterOptions returns the options of a cluster with nodes that runs the binaries TestMain built
+// and dies with the test binary.
+func clusterOptions(nodes ...cluster.NodeOptions) cluster.Options {
+	return cluster.Options{
+		Nodes:          nodes,
+		PluginPath:     filepath.Join(binDir, "gpuslice-device-plugin"),
+		ExtenderPath:   filepath.Join(binDir, "gpuslice-scheduler"),
+		WebhookPath:    filepath.Join(binDir, "gpuslice-webhook"),
+		StopWithParent: true,
+	}
+}
+
 // poll waits for cond with a deadline, failing t with what and the last observation.
 func poll(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
 	t.Helper()
 	last := ""
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, seen := cond(ctx)
-		last = seen
+		if ctx.Err() == nil { // keep the last real observation, not the deadline's error
+			last = seen
+		}
 		return ok, nil
 	})
 	if err != nil {

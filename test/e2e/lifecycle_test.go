@@ -220,10 +220,10 @@ func TestContainerRestartKeepsDevices(t *testing.T) {
 }
 
 // TestNodeWithoutPluginGetsNoGPUPod is scenario 4: a Ready node whose plugin has not started has no
-// hami.io/gpu and no ready label, so a GPU pod stays Pending with a FailedScheduling event naming
-// the resource; once the plugin registers, the pod is bound there and runs. (Until the scheduler
-// extender lands, the barrier is the default scheduler's resource fit plus the label.) Real: every
-// Kubernetes component and gpuslice-device-plugin. Fake: NVML and the container runtime.
+// hami.io/gpu and no ready label, so a GPU pod stays Pending with a FailedScheduling event saying
+// "plugin not ready" (the extender's barrier); once the plugin registers, the pod is bound there
+// and runs. Real: every Kubernetes component and gpuslice's binaries. Fake: NVML and the container
+// runtime.
 func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: fakeGPUs, NoPlugin: true})
 	n := c.Nodes[0]
@@ -239,7 +239,7 @@ func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 	if _, err := pods.Create(ctx, gpuPod("waiter", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 30*time.Second, "FailedScheduling event naming hami.io/gpu", func(ctx context.Context) (bool, string) {
+	poll(t, 30*time.Second, "FailedScheduling event saying plugin not ready", func(ctx context.Context) (bool, string) {
 		events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=waiter"})
 		if err != nil {
 			return false, err.Error()
@@ -247,7 +247,7 @@ func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 		var seen []string
 		for _, e := range events.Items {
 			seen = append(seen, e.Reason+": "+e.Message)
-			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, string(cluster.ResourceGPU)) {
+			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "plugin not ready") {
 				return true, ""
 			}
 		}

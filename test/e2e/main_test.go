@@ -8,11 +8,14 @@ import (
 	"testing"
 )
 
-// pluginPath is the gpuslice-device-plugin binary TestMain built from the working tree, so that the
-// tests never run a stale one; empty when the tests will skip. Written once, before any test runs.
-var pluginPath string
+// binDir holds the gpuslice binaries TestMain built from the working tree, so that the tests never
+// run stale ones; empty when the tests will skip. Written once, before any test runs.
+var binDir string
 
-// TestMain builds gpuslice-device-plugin from the product module into a temporary folder (seconds
+// gpusliceCommands are the product binaries the cluster runs.
+var gpusliceCommands = []string{"gpuslice-device-plugin", "gpuslice-scheduler", "gpuslice-webhook"}
+
+// TestMain builds the gpuslice binaries from the product module into a temporary folder (seconds
 // with a warm build cache), runs the tests and removes the folder.
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -27,14 +30,18 @@ func run(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		build := exec.Command("go", "build", "-o", dir+"/", "./cmd/gpuslice-device-plugin")
+		args := []string{"build", "-o", dir + "/"}
+		for _, cmd := range gpusliceCommands {
+			args = append(args, "./cmd/"+cmd)
+		}
+		build := exec.Command("go", args...)
 		build.Dir = filepath.Join("..", "..") // the product module, from test/e2e
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: build gpuslice-device-plugin: %v\n", err)
+			fmt.Fprintf(os.Stderr, "e2e: build %v: %v\n", gpusliceCommands, err)
 			return 1
 		}
-		pluginPath = filepath.Join(dir, "gpuslice-device-plugin")
+		binDir = dir
 	}
 	return m.Run()
 }

@@ -23,10 +23,10 @@ func TestTearDownLeavesNothing(t *testing.T) {
 	cgroupsBefore := kubeCgroups(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{PluginPath: pluginPath, StopWithParent: true, Nodes: []cluster.NodeOptions{
-		{Name: "node-a", FakeGPUs: "1xA100-80GB"},
-		{Name: "node-b", FakeGPUs: "1xT4-16GB,1xL4-24GB"},
-	}})
+	c, err := cluster.Start(ctx, clusterOptions(
+		cluster.NodeOptions{Name: "node-a", FakeGPUs: "1xA100-80GB"},
+		cluster.NodeOptions{Name: "node-b", FakeGPUs: "1xT4-16GB,1xL4-24GB"},
+	))
 	if err != nil {
 		t.Fatalf("e2e: %v", err)
 	}

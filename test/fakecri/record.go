@@ -21,10 +21,14 @@ type Record struct {
 	Attempt   uint32 `json:"attempt"`
 	// Env is the container's environment as the runtime would set it; a later duplicate key wins.
 	Env map[string]string `json:"env"`
-	// Mounts, Devices and CDIDevices are copied from the ContainerConfig.
+	// Mounts, Devices and CDIDevices are copied from the ContainerConfig; with CDI spec folders
+	// configured, Env, Mounts and Devices also hold what the CDI devices' specs added.
 	Mounts     []Mount  `json:"mounts,omitempty"`
 	Devices    []Device `json:"devices,omitempty"`
 	CDIDevices []string `json:"cdiDevices,omitempty"`
+	// CDIErrors are problems the CDI registry reported with spec files while resolving (a broken
+	// file elsewhere in the folder); the devices themselves resolved.
+	CDIErrors []string `json:"cdiErrors,omitempty"`
 }
 
 // Mount is one bind mount of a Record.

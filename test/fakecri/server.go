@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
 // Server is a fake CRI runtime that records CreateContainer calls. It embeds the upstream fake, so
@@ -20,20 +24,38 @@ type Server struct {
 
 	grpc *grpc.Server
 
+	cdi *cdi.Cache // nil when no CDI spec folder is configured
+
 	mu     sync.Mutex // serialises appends to out
 	out    *os.File
 	closed bool
 }
 
+// Options configures New.
+type Options struct {
+	// CDISpecDirs are the folders CDI devices are resolved from, highest priority last, as
+	// containerd's cdi_spec_dirs. Empty means CDI devices are recorded by name only.
+	CDISpecDirs []string
+}
+
 // New returns a Server that appends a Record for each CreateContainer to the file at recordPath
 // (created if missing, mode 0600). The runtime and network report Ready from the start, and
-// every image "pulls" at once with a size of 1 MiB.
-func New(recordPath string) (*Server, error) {
+// every image "pulls" at once with a size of 1 MiB. With opts.CDISpecDirs, each CreateContainer
+// resolves its CDI devices against the spec files there at that moment, as containerd does, and
+// fails when one does not resolve.
+func New(recordPath string, opts Options) (*Server, error) {
+	var cache *cdi.Cache
+	if len(opts.CDISpecDirs) > 0 {
+		var err error
+		if cache, err = cdi.NewCache(cdi.WithSpecDirs(opts.CDISpecDirs...), cdi.WithAutoRefresh(false)); err != nil {
+			return nil, fmt.Errorf("CDI cache: %w", err)
+		}
+	}
 	out, err := os.OpenFile(recordPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600) //nolint:gosec // G304: the caller names its record file
 	if err != nil {
 		return nil, fmt.Errorf("open CRI record file: %w", err)
 	}
-	s := &Server{RemoteRuntime: fake.NewFakeRemoteRuntime(), grpc: grpc.NewServer(), out: out}
+	s := &Server{RemoteRuntime: fake.NewFakeRemoteRuntime(), grpc: grpc.NewServer(), out: out, cdi: cache}
 	// The kubelet rejects an image whose size is 0 ("Id or size of image … is not set").
 	s.ImageService.SetFakeImageSize(1 << 20)
 	s.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
@@ -103,6 +125,9 @@ func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
 	for _, d := range cfg.GetCDIDevices() {
 		r.CDIDevices = append(r.CDIDevices, d.GetName())
 	}
+	if err := s.resolveCDI(&r); err != nil {
+		return err
+	}
 	line, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("encode CRI record: %w", err)
@@ -116,4 +141,47 @@ func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
 		return fmt.Errorf("append CRI record: %w", err)
 	}
 	return nil
+}
+
+// resolveCDI applies r's CDI devices to r as the runtime would: the spec files are read again now
+// (containerd refreshes its registry at every CreateContainer), then each device's edits are
+// injected into an OCI spec holding r's environment, and the result replaces r.Env and adds to
+// r.Mounts and r.Devices. An unresolvable device is an error, which fails CreateContainer.
+func (s *Server) resolveCDI(r *Record) error {
+	if s.cdi == nil || len(r.CDIDevices) == 0 {
+		return nil
+	}
+	if err := s.cdi.Refresh(); err != nil {
+		// Refresh reports broken spec files but keeps the good ones: only a device that
+		// then fails to resolve is fatal.
+		r.CDIErrors = append(r.CDIErrors, err.Error())
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	for _, k := range sortedKeys(r.Env) {
+		spec.Process.Env = append(spec.Process.Env, k+"="+r.Env[k])
+	}
+	if _, err := s.cdi.InjectDevices(spec, r.CDIDevices...); err != nil {
+		return fmt.Errorf("CDI devices of %s/%s container %s: %w", r.Namespace, r.Pod, r.Container, err)
+	}
+	r.Env = map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		r.Env[k] = v
+	}
+	for _, m := range spec.Mounts {
+		r.Mounts = append(r.Mounts, Mount{ContainerPath: m.Destination, HostPath: m.Source, ReadOnly: slices.Contains(m.Options, "ro")})
+	}
+	for _, d := range spec.Linux.Devices {
+		r.Devices = append(r.Devices, Device{ContainerPath: d.Path, HostPath: d.Path})
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }

@@ -2,6 +2,7 @@ package fakecri
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,40 +16,13 @@ import (
 // TestCreateContainerIsRecorded sends CRI calls as the kubelet would, over the real gRPC socket, and
 // checks the Record the server appends. Real: gRPC and the upstream CRI fake. Fake: the kubelet.
 func TestCreateContainerIsRecorded(t *testing.T) {
-	dir := t.TempDir()
-	records := filepath.Join(dir, "records.jsonl")
-	srv, err := New(records)
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(dir, "cri.sock")
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(socket) }()
-	t.Cleanup(func() {
-		srv.Stop()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := runtimeapi.NewRuntimeServiceClient(conn)
+	records := filepath.Join(t.TempDir(), "records.jsonl")
+	client, sandboxID, sandboxCfg := startServer(t, records, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sandboxCfg := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "uid-1"}}
-	// Serve starts listening in its goroutine: wait for the socket instead of
-	// failing on the first dial.
-	sandbox, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxCfg}, grpc.WaitForReady(true))
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v", err)
-	}
 	for attempt := range uint32(2) {
 		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
-			PodSandboxId:  sandbox.GetPodSandboxId(),
+			PodSandboxId:  sandboxID,
 			SandboxConfig: sandboxCfg,
 			Config: &runtimeapi.ContainerConfig{
 				Metadata: &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
@@ -91,5 +65,102 @@ func TestReadRecordsMissingFile(t *testing.T) {
 	got, err := ReadRecords(filepath.Join(t.TempDir(), "none"))
 	if err != nil || len(got) != 0 {
 		t.Errorf("ReadRecords(missing) = %v, %v; want none, nil", got, err)
+	}
+}
+
+// startServer serves a Server recording to records on a socket in a new folder, and returns a
+// client with one pod sandbox created.
+func startServer(t *testing.T, records string, opts Options) (runtimeapi.RuntimeServiceClient, string, *runtimeapi.PodSandboxConfig) {
+	t.Helper()
+	srv, err := New(records, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(t.TempDir(), "cri.sock")
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(socket) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sandboxCfg := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "uid-1"}}
+	// Serve starts listening in its goroutine: wait for the socket instead of
+	// failing on the first dial.
+	sandbox, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxCfg}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	return client, sandbox.GetPodSandboxId(), sandboxCfg
+}
+
+// TestCreateContainerResolvesCDI checks that CDI devices are resolved against the spec files as
+// they are at each CreateContainer (a rewritten spec is seen at once), that the spec's env wins
+// over the container's own, and that an unknown device fails the call. Real: the CDI library.
+func TestCreateContainerResolvesCDI(t *testing.T) {
+	dir := t.TempDir()
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(specDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	records := filepath.Join(dir, "records.jsonl")
+	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	writeSpec := func(limit string) {
+		t.Helper()
+		spec := `{"cdiVersion":"0.6.0","kind":"example.com/vgpu","devices":[{"name":"d1","containerEdits":{"env":["LIMIT=` + limit + `","NVIDIA_VISIBLE_DEVICES=GPU-9"],"mounts":[{"hostPath":"/h/lib.so","containerPath":"/c/lib.so","options":["ro","bind"]}]}}]}`
+		if err := os.WriteFile(filepath.Join(specDir, "example.com-vgpu.json"), []byte(spec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(attempt uint32, device string) error {
+		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+			PodSandboxId:  sandboxID,
+			SandboxConfig: sandboxCfg,
+			Config: &runtimeapi.ContainerConfig{
+				Metadata:   &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
+				Image:      &runtimeapi.ImageSpec{Image: "img"},
+				Envs:       []*runtimeapi.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: []byte("all")}, {Key: "A", Value: []byte("1")}},
+				CDIDevices: []*runtimeapi.CDIDevice{{Name: device}},
+			},
+		})
+		return err
+	}
+	writeSpec("100m")
+	if err := create(0, "example.com/vgpu=d1"); err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	writeSpec("200m")
+	if err := create(1, "example.com/vgpu=d1"); err != nil {
+		t.Fatalf("CreateContainer after rewrite: %v", err)
+	}
+	if err := create(2, "example.com/vgpu=missing"); err == nil {
+		t.Error("CreateContainer with an unknown CDI device succeeded; want an error")
+	}
+	got, err := ReadRecords(records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []Record
+	for i, limit := range []string{"100m", "200m"} {
+		want = append(want, Record{
+			Namespace: "ns", Pod: "p", PodUID: "uid-1", Container: "c", Attempt: uint32(i), //nolint:gosec // G115: 0 or 1
+			Env:        map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-9", "A": "1", "LIMIT": limit},
+			Mounts:     []Mount{{ContainerPath: "/c/lib.so", HostPath: "/h/lib.so", ReadOnly: true}},
+			CDIDevices: []string{"example.com/vgpu=d1"},
+		})
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
 	}
 }

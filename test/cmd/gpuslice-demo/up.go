@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,9 +31,29 @@ func demoNodes() []cluster.NodeOptions {
 	}
 }
 
-// samplePods returns the names of the demo's pods, each asking for one hami.io/gpu device.
-func samplePods() []string {
-	return []string{"train-0", "train-1", "train-2", "infer-0", "infer-1", "notebook-0"}
+// samplePod is one of the demo's pods: its name, GPU memory (MiB), compute percent, GPU model
+// filter, or a number of whole GPUs instead of a slice.
+type samplePod struct {
+	name      string
+	memoryMiB int64
+	cores     int64
+	model     string
+	wholeGPUs int64
+}
+
+// samplePods returns the demo's pods: slices of several sizes that share GPUs, one pinned to a
+// model, and one whole-GPU pod beside them.
+func samplePods() []samplePod {
+	return []samplePod{
+		{name: "train-0", memoryMiB: 40960, cores: 50},
+		{name: "train-1", memoryMiB: 40960, cores: 50},
+		{name: "infer-0", memoryMiB: 10240, cores: 20},
+		{name: "infer-1", memoryMiB: 10240, cores: 20},
+		{name: "infer-2", memoryMiB: 10240, cores: 20},
+		{name: "notebook-0", memoryMiB: 4096, model: "T4"},
+		{name: "notebook-1", memoryMiB: 4096, model: "T4"},
+		{name: "exclusive-0", wholeGPUs: 1, model: "L4"},
+	}
 }
 
 // up starts the cluster in dir, creates the sample pods, waits for them to run and prints a table.
@@ -44,7 +65,7 @@ func up(ctx context.Context, out io.Writer, dir, binDir string) error {
 		return fmt.Errorf("check for a running demo: %w", err)
 	}
 	began := time.Now()
-	fmt.Fprintf(out, "starting etcd, kube-apiserver, kube-scheduler and %d GPU nodes in %s ...\n", len(demoNodes()), dir)
+	fmt.Fprintf(out, "starting etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler and %d GPU nodes in %s ...\n", len(demoNodes()), dir)
 	c, err := cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: binDir, Nodes: demoNodes()})
 	if err != nil {
 		return err
@@ -102,22 +123,37 @@ func printNodes(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	return w.Flush()
 }
 
+// pod returns sp as a Pod. The webhook fills in hami.io/gpu: 1 for slices and the scheduler name.
+func (sp samplePod) pod() *corev1.Pod {
+	limits := corev1.ResourceList{}
+	if sp.wholeGPUs > 0 {
+		limits[vgpu.ResourceGPU] = *resource.NewQuantity(sp.wholeGPUs, resource.DecimalSI)
+	} else {
+		limits[vgpu.ResourceMemory] = *resource.NewQuantity(sp.memoryMiB, resource.DecimalSI)
+	}
+	if sp.cores > 0 {
+		limits[vgpu.ResourceCores] = *resource.NewQuantity(sp.cores, resource.DecimalSI)
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: sp.name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": "gpuslice-demo"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name:      "cuda",
+			Image:     "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+			Resources: corev1.ResourceRequirements{Limits: limits},
+		}}},
+	}
+	if sp.model != "" {
+		p.Annotations = map[string]string{vgpu.AnnotationGPUModel: sp.model}
+	}
+	return p
+}
+
 // runSamplePods creates the sample pods and waits until all are Running.
 func runSamplePods(ctx context.Context, c *cluster.Cluster) error {
 	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
-	for _, name := range samplePods() {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": "gpuslice-demo"}},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{
-				Name:  "cuda",
-				Image: "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-					cluster.ResourceGPU: resource.MustParse("1"),
-				}},
-			}}},
-		}
-		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create pod %s: %w", name, err)
+	for _, sp := range samplePods() {
+		if _, err := pods.Create(ctx, sp.pod(), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create pod %s: %w", sp.name, err)
 		}
 	}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -139,11 +175,19 @@ func runSamplePods(ctx context.Context, c *cluster.Cluster) error {
 	return nil
 }
 
-// printPods prints pod, node and the GPU each container was given, read from the fake runtime's
-// record of CreateContainer (what a real runtime would have received).
+// printPods prints, per container, the GPUs and limits the container runtime was given (read from
+// the fake runtime's record of CreateContainer, after resolving the CDI device as containerd
+// does), then how full each GPU is.
 func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "POD\tNODE\tGPU\tMODEL\tGPU MEMORY\tMEMORY LIMIT\tCOMPUTE LIMIT")
+	fmt.Fprintln(w, "POD\tNODE\tGPU\tMODEL\tMEMORY LIMIT\tCOMPUTE LIMIT")
+	type fill struct {
+		memMiB int64
+		pods   []string
+	}
+	fills := map[string]*fill{}
+	var gpus []vgpu.GPU
+	gpuNode := map[string]string{}
 	for _, n := range c.Nodes {
 		_, inv, err := nodeInventory(ctx, c, n.Name)
 		if err != nil {
@@ -152,26 +196,55 @@ func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 		byUUID := map[string]vgpu.GPU{}
 		for _, g := range inv.GPUs {
 			byUUID[g.UUID] = g
+			gpus = append(gpus, g)
+			gpuNode[g.UUID] = n.Name
 		}
 		records, err := n.CRIRecords()
 		if err != nil {
 			return err
 		}
 		for _, r := range records {
-			for _, uuid := range strings.Split(r.Env["NVIDIA_VISIBLE_DEVICES"], ",") {
+			for i, uuid := range strings.Split(r.Env["NVIDIA_VISIBLE_DEVICES"], ",") {
 				g, ok := byUUID[uuid]
 				if !ok {
 					continue
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d (%s)\t%s\t%d MiB\tnone\tnone\n", r.Pod, n.Name, g.Index, g.UUID, g.Model, g.TotalMemoryMiB)
+				limit := r.Env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)]
+				cores := r.Env["CUDA_DEVICE_SM_LIMIT"]
+				if cores == "" {
+					cores = "-"
+				} else {
+					cores += "%"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%d (%s)\t%s\t%s\t%s\n", r.Pod, n.Name, g.Index, g.UUID, g.Model, limit, cores)
+				f := fills[uuid]
+				if f == nil {
+					f = &fill{}
+					fills[uuid] = f
+				}
+				mib, _ := strconv.ParseInt(strings.TrimSuffix(limit, "m"), 10, 64)
+				f.memMiB += mib
+				f.pods = append(f.pods, r.Pod)
 			}
 		}
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("print pods: %w", err)
 	}
-	fmt.Fprintln(out, "\nGPU is what the kubelet passed to the container runtime (NVIDIA_VISIBLE_DEVICES); nothing runs.")
-	fmt.Fprintln(out, "Until the scheduler extender lands, the kubelet picks the GPU slice and sets no memory or compute")
-	fmt.Fprintln(out, "limit: pods on the same GPU share it unbounded.")
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tGPU\tMODEL\tMEMORY USED\tPODS")
+	for _, g := range gpus {
+		f := fills[g.UUID]
+		if f == nil {
+			f = &fill{}
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%6d / %d MiB\t%s\n", gpuNode[g.UUID], g.Index, g.Model, f.memMiB, g.SchedulableMemoryMiB, strings.Join(f.pods, ","))
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("print GPUs: %w", err)
+	}
+	fmt.Fprintln(out, "\nLimits are what the container runtime received: the CDI spec the device plugin wrote for each")
+	fmt.Fprintln(out, "container at its start (HAMi-core compatible env). Several pods share one GPU; nothing runs.")
 	return nil
 }

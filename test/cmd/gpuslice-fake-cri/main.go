@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/gpuslice/gpuslice/test/fakecri"
@@ -23,6 +24,7 @@ func run(args []string) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	socket := fs.String("socket", "", "unix socket path to serve CRI on (required)")
 	records := fs.String("record-file", "", "file to append one JSON line per CreateContainer to (required)")
+	cdiDirs := fs.String("cdi-spec-dirs", "", "comma-separated folders to resolve CDI devices from at CreateContainer, as containerd does (empty: record CDI device names only)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -30,7 +32,11 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: --socket and --record-file are required\n", name)
 		return 2
 	}
-	srv, err := fakecri.New(*records)
+	var opts fakecri.Options
+	if *cdiDirs != "" {
+		opts.CDISpecDirs = strings.Split(*cdiDirs, ",")
+	}
+	srv, err := fakecri.New(*records, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 1

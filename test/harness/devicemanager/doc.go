@@ -7,6 +7,10 @@
 // the folder when a manager starts. A device plugin under test talks to it exactly as it would to a
 // kubelet.
 //
+// ServePodResources adds the kubelet's own PodResources v1 server (with its rate limiter) over the
+// manager's active pods and assigned devices, for plugins that look up which container holds a set
+// of device IDs.
+//
 // What is not there: the container runtime and the rest of the kubelet. Pods are never admitted or
 // started; a test says which pods are active by allocating for them, and reads what the runtime would
 // be given (environment, mounts, devices, CDI devices) through GetDeviceRunContainerOptions. The

@@ -1,0 +1,121 @@
+// Command gpuslice-scheduler is gpuslice's scheduler extender: the HTTP
+// filter/prioritize/bind endpoints a stock kube-scheduler calls for pods
+// that ask for hami.io resources. It only wires flags, the Kubernetes
+// client and signals; the behaviour lives in package extender.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/extender"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+const name = "gpuslice-scheduler"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// run returns the process exit code: 0 after a clean stop (SIGTERM or
+// SIGINT), 1 when the extender cannot start or fails, 2 for bad flags or
+// configuration. Errors are printed to stderr on one line.
+func run(args []string, stderr io.Writer) int {
+	cfg, kubeconfig, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+		return 2
+	}
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+		return 1
+	}
+	s, err := extender.New(cfg, extender.Options{Client: client})
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := klog.Background().WithName(name)
+	ctx = klog.NewContext(ctx, logger)
+	logger.Info("Starting", "version", version, "address", cfg.Address, "nodePolicy", cfg.NodePolicy, "gpuPolicy", cfg.GPUPolicy)
+	if err := s.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+		return 1
+	}
+	logger.Info("Stopped")
+	return 0
+}
+
+// parseFlags builds the Config: defaults, then the --config file, then the
+// flags given on the command line. Flags are bound to the Config itself;
+// when a file is read, the flags that were set are applied again on top.
+func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error) {
+	cfg := extender.DefaultConfig()
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	klog.InitFlags(fs)
+	configFile := fs.String("config", "", "YAML or JSON file with the extender configuration; flags given on the command line override it")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: in-cluster)")
+	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port to serve on")
+	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "optional second host:port serving only /healthz and /readyz over plain HTTP, for probes")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "PEM serving certificate; serves HTTPS when set and re-reads it when it changes")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", cfg.ClientCAFile, "PEM CA bundle; when set, /filter, /prioritize and /bind require a client certificate it signed (needs --tls-cert-file)")
+	fs.StringVar((*string)(&cfg.NodePolicy), "node-policy", string(cfg.NodePolicy), "default node policy: binpack, spread or fragmentation")
+	fs.StringVar((*string)(&cfg.GPUPolicy), "gpu-policy", string(cfg.GPUPolicy), "default GPU policy: binpack, spread or fragmentation")
+	fs.DurationVar(&cfg.HeartbeatMaxAge.Duration, "heartbeat-max-age", cfg.HeartbeatMaxAge.Duration, "oldest device-plugin heartbeat Lease renewal that still counts as alive")
+	fs.StringVar(&cfg.HeartbeatNamespace, "heartbeat-namespace", cfg.HeartbeatNamespace, "namespace of the device plugins' heartbeat Leases")
+	fs.StringVar(&cfg.ResourceName, "resource-name", cfg.ResourceName, "extended resource the device plugins register")
+	fs.DurationVar(&cfg.BindTimeout.Duration, "bind-timeout", cfg.BindTimeout.Duration, "time allowed for one bind's API requests; keep below the extender httpTimeout")
+	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
+		return cfg, "", err
+	}
+	return cfg, *kubeconfig, cfg.Validate()
+}
+
+// oneLine joins the lines of a joined error with "; ".
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
+// kubeClient returns a client from kubeconfig, or in-cluster when empty.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w (set --kubeconfig outside a cluster)", err)
+	}
+	cfg.UserAgent = name + "/" + version
+	// Each bind makes three requests; client-go's default 5 QPS would
+	// queue a 40-pod job for seconds. These match kube-scheduler's.
+	cfg.QPS, cfg.Burst = 50, 100
+	return kubernetes.NewForConfig(cfg)
+}

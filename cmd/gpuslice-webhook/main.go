@@ -1,0 +1,99 @@
+// Command gpuslice-webhook is gpuslice's mutating admission webhook: it
+// serves AdmissionReview v1 over TLS for pod creation, steering GPU pods to
+// the gpuslice scheduler profile, filling defaults and rejecting invalid
+// requests. It only wires flags, configuration and signals; the behaviour
+// lives in package webhook.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/webhook"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run returns the process exit code: 0 after a clean stop (SIGTERM or
+// SIGINT), 1 when serving fails, 2 for bad flags, configuration or
+// certificate files. Errors are printed on one line.
+func run(args []string) int {
+	const name = "gpuslice-webhook"
+	fail := func(code int, err error) int {
+		fmt.Fprintf(os.Stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "; "))
+		return code
+	}
+	cfg, err := parseFlags(name, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return fail(2, err)
+	}
+	server, err := webhook.NewServer(cfg)
+	if err != nil {
+		return fail(2, err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := klog.Background().WithName(name)
+	ctx = klog.NewContext(ctx, logger)
+	logger.Info("Starting", "version", version)
+	if err := server.Run(ctx); err != nil {
+		return fail(1, err)
+	}
+	logger.Info("Stopped")
+	return 0
+}
+
+// parseFlags builds the ServerConfig: defaults, then the --config file,
+// then the flags given on the command line. Flags are bound to the config
+// itself; when a file is read, the flags that were set are applied again on
+// top of it.
+func parseFlags(name string, args []string) (webhook.ServerConfig, error) {
+	cfg := webhook.DefaultServerConfig()
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	klog.InitFlags(fs)
+	configFile := fs.String("config", "", "YAML or JSON file with the webhook configuration; flags given on the command line override it")
+	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port to serve HTTPS on")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "PEM serving certificate (e.g. tls.crt of a Secret volume); reloaded when it changes")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file; reloaded when it changes")
+	fs.StringVar(&cfg.SchedulerName, "scheduler-name", cfg.SchedulerName, "scheduler profile GPU pods are steered to (the one that calls the gpuslice extender)")
+	fs.Var((*commaList)(&cfg.ExcludedNamespaces), "excluded-namespaces", "comma-separated namespaces whose pods are left alone (empty: none)")
+	if err := configfile.Parse(fs, args, &cfg, webhook.DefaultServerConfig(), configFile); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// commaList is a flag.Value for a comma-separated list, blanks around
+// entries ignored; its String form sets it again to the same list.
+type commaList []string
+
+func (l *commaList) String() string { return strings.Join(*l, ",") }
+
+func (l *commaList) Set(s string) error {
+	*l = nil
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	for _, e := range strings.Split(s, ",") {
+		*l = append(*l, strings.TrimSpace(e))
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package deviceplugin
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// The CDI names of the plugin. Every container gets one device of kind
+// CDIKind named after its device IDs (cdiDeviceName); its spec lives alone
+// in CDISpecDir/gpuslice.io-vgpu_<name>.json.
+const (
+	cdiVendor = "gpuslice.io"
+	cdiClass  = "vgpu"
+	// CDIKind is the kind of every CDI spec the plugin writes.
+	CDIKind = cdiVendor + "/" + cdiClass
+	// cdiNameHexLen is how many hex digits of the SHA-256 of the device IDs
+	// name a CDI device (80 bits: collisions among a node's few hundred
+	// device sets are out of reach).
+	cdiNameHexLen = 20
+	cdiSpecExt    = ".json"
+)
+
+// cdiDeviceName returns the CDI device name for a container's device IDs:
+// "v" and 20 hex digits of the SHA-256 of the sorted IDs joined by ",". It
+// depends on the set only, never on order, so the kubelet's cached Allocate
+// answer and every later PreStartContainer agree on it.
+func cdiDeviceName(ids []string) string {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	sum := sha256.Sum256([]byte(strings.Join(sorted, ",")))
+	return "v" + hex.EncodeToString(sum[:])[:cdiNameHexLen]
+}
+
+// CDIQualifiedName returns the fully qualified CDI device name
+// ("gpuslice.io/vgpu=<name>") for a CDI device name.
+func CDIQualifiedName(name string) string {
+	return parser.QualifiedName(cdiVendor, cdiClass, name)
+}
+
+// cdiSpecFileName is the base name of the spec file of device name.
+func cdiSpecFileName(name string) string {
+	return cdi.GenerateTransientSpecName(cdiVendor, cdiClass, name) + cdiSpecExt
+}
+
+// cdiDeviceOfFile returns the device name of a spec file the plugin wrote,
+// or false for any other file.
+func cdiDeviceOfFile(base string) (string, bool) {
+	prefix := cdi.GenerateTransientSpecName(cdiVendor, cdiClass, "")
+	name, ok := strings.CutPrefix(base, prefix)
+	if !ok {
+		return "", false
+	}
+	name, ok = strings.CutSuffix(name, cdiSpecExt)
+	if !ok || parser.ValidateDeviceName(name) != nil {
+		return "", false
+	}
+	return name, true
+}
+
+// buildCDISpec returns the spec of one device, name, carrying e. Its
+// cdiVersion is the lowest the content needs, so older runtimes read it.
+func buildCDISpec(name string, e containerEdits) (*cdispecs.Spec, error) {
+	if err := parser.ValidateDeviceName(name); err != nil {
+		return nil, fmt.Errorf("CDI device name %q: %w", name, err)
+	}
+	var edits cdispecs.ContainerEdits
+	for _, v := range e.Env {
+		edits.Env = append(edits.Env, v.Name+"="+v.Value)
+	}
+	for _, d := range e.DeviceNodes {
+		edits.DeviceNodes = append(edits.DeviceNodes, &cdispecs.DeviceNode{Path: d})
+	}
+	for _, m := range e.Mounts {
+		edits.Mounts = append(edits.Mounts, &cdispecs.Mount{
+			HostPath:      m.HostPath,
+			ContainerPath: m.ContainerPath,
+			Options:       []string{"ro", "nosuid", "nodev", "bind"},
+		})
+	}
+	spec := &cdispecs.Spec{Kind: CDIKind, Devices: []cdispecs.Device{{Name: name, ContainerEdits: edits}}}
+	version, err := cdispecs.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec version: %w", err)
+	}
+	spec.Version = version
+	return spec, nil
+}
+
+// writeCDISpec atomically replaces the spec file of spec's only device in
+// dir. The CDI library reads and validates the new file before it takes
+// the old one's place, so a runtime never sees a spec it would reject.
+func writeCDISpec(dir string, spec *cdispecs.Spec) error {
+	if len(spec.Devices) != 1 {
+		return fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
+	}
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("encode CDI spec: %w", err)
+	}
+	file := cdiSpecFileName(spec.Devices[0].Name)
+	//nolint:gosec // G306: container runtimes, not only root, may read CDI specs.
+	return writeFileAtomic(dir, file, data, 0o644, func(tmp string) error {
+		if _, err := cdi.ReadSpec(tmp, 0); err != nil {
+			return fmt.Errorf("CDI spec for %s is invalid: %w", file, err)
+		}
+		return nil
+	})
+}
+
+// removeStaleCDISpecs deletes the plugin's spec files in dir whose device
+// is not in live and that were written before cutoff (a spec written at
+// PreStartContainer must survive until the runtime has read it), and
+// leftover temporary files. It returns the device names removed.
+func removeStaleCDISpecs(dir string, live map[string]bool, cutoff time.Time) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name, ok := cdiDeviceOfFile(e.Name())
+		if !ok || live[name] {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(cutoff) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	if err := removeStaleTemps(dir, cutoff); err != nil {
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}

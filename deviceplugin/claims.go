@@ -1,0 +1,176 @@
+package deviceplugin
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// checkpointFileName is the env-mode checkpoint in the state folder.
+const (
+	checkpointFileName = "claims.json"
+	checkpointVersion  = 1
+)
+
+// claim ties a set of device IDs to the container the plugin meant them
+// for. GetPreferredAllocation makes offers (in memory, both modes): the
+// container it steered the kubelet for. Env-mode Allocate makes bindings
+// (checkpointed): the container whose environment it answered with, which
+// PreStartContainer verifies on every start.
+type claim struct {
+	// Device is the CDI device name of DeviceIDs (cdiDeviceName), the key.
+	Device    string       `json:"device"`
+	DeviceIDs []string     `json:"deviceIDs"`
+	Ref       containerRef `json:"container"`
+	PodUID    types.UID    `json:"podUID"`
+	At        time.Time    `json:"at"`
+}
+
+// checkpoint is the checkpoint file's content.
+type checkpoint struct {
+	Version  int     `json:"version"`
+	Bindings []claim `json:"bindings"`
+}
+
+// claimStore holds offers and bindings; safe for concurrent use.
+type claimStore struct {
+	path string // checkpoint file; "" keeps bindings in memory only
+
+	mu       sync.Mutex
+	offers   map[string]claim // by Device
+	bindings map[string]claim // by Device
+}
+
+// newClaimStore returns an empty store that checkpoints bindings to path
+// ("" for none).
+func newClaimStore(path string) *claimStore {
+	return &claimStore{path: path, offers: map[string]claim{}, bindings: map[string]claim{}}
+}
+
+// loadClaimStore reads the checkpoint at path. A missing file gives an
+// empty store. An unreadable or malformed file also gives an empty store
+// (so the plugin still starts; PreStartContainer then refuses the
+// containers it cannot verify) together with an error naming the file.
+func loadClaimStore(path string) (*claimStore, error) {
+	s := newClaimStore(path)
+	data, err := os.ReadFile(path) //nolint:gosec // G304: the plugin's own checkpoint.
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var cp checkpoint
+	if err := json.Unmarshal(data, &cp); err != nil {
+		return s, fmt.Errorf("checkpoint %s is malformed: %w", path, err)
+	}
+	if cp.Version != checkpointVersion {
+		return s, fmt.Errorf("checkpoint %s has version %d, want %d", path, cp.Version, checkpointVersion)
+	}
+	for i, c := range cp.Bindings {
+		if c.Device == "" || c.Device != cdiDeviceName(c.DeviceIDs) {
+			return newClaimStore(path), fmt.Errorf("checkpoint %s: bindings[%d].device=%q does not match its deviceIDs %v", path, i, c.Device, c.DeviceIDs)
+		}
+		s.bindings[c.Device] = c
+	}
+	return s, nil
+}
+
+// offer records that GetPreferredAllocation steered c.DeviceIDs to c.Ref.
+func (s *claimStore) offer(c claim) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.offers[c.Device] = c
+}
+
+// offered returns the offer for device, if any.
+func (s *claimStore) offered(device string) (claim, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.offers[device]
+	return c, ok
+}
+
+// recentlyOffered reports whether the container ref of pod uid got an
+// offer after since.
+func (s *claimStore) recentlyOffered(ref containerRef, uid types.UID, since time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.offers {
+		if c.Ref == ref && c.PodUID == uid && c.At.After(since) {
+			return true
+		}
+	}
+	return false
+}
+
+// bind records c as the binding of c.Device, replacing any earlier one
+// (device IDs pass from pod to pod), drops the offer for it and writes the
+// checkpoint. On a write error the binding is kept in memory and the
+// error returned.
+func (s *claimStore) bind(c claim) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bindings[c.Device] = c
+	delete(s.offers, c.Device)
+	return s.saveLocked()
+}
+
+// binding returns the binding of device, if any.
+func (s *claimStore) binding(device string) (claim, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.bindings[device]
+	return c, ok
+}
+
+// isBound reports whether the container ref of pod uid holds a binding.
+func (s *claimStore) isBound(ref containerRef, uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.bindings {
+		if c.Ref == ref && c.PodUID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// gc drops offers made before cutoff and bindings made before cutoff whose
+// devices no container holds now (live), and rewrites the checkpoint when
+// a binding went. It returns how many bindings it dropped.
+func (s *claimStore) gc(live map[string]bool, cutoff time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	maps.DeleteFunc(s.offers, func(_ string, c claim) bool { return c.At.Before(cutoff) })
+	before := len(s.bindings)
+	maps.DeleteFunc(s.bindings, func(d string, c claim) bool { return !live[d] && c.At.Before(cutoff) })
+	dropped := before - len(s.bindings)
+	if dropped == 0 {
+		return 0, nil
+	}
+	return dropped, s.saveLocked()
+}
+
+// saveLocked writes the checkpoint atomically; s.mu must be held.
+func (s *claimStore) saveLocked() error {
+	if s.path == "" {
+		return nil
+	}
+	cp := checkpoint{Version: checkpointVersion, Bindings: slices.Collect(maps.Values(s.bindings))}
+	slices.SortFunc(cp.Bindings, func(a, b claim) int { return cmp.Compare(a.Device, b.Device) })
+	data, err := json.MarshalIndent(cp, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return writeFileAtomic(filepath.Dir(s.path), filepath.Base(s.path), data, 0o600, nil)
+}

@@ -1,0 +1,136 @@
+package deviceplugin
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// The environment a GPU container gets, in both modes. The CUDA_* names are
+// HAMi-core's (libvgpu.so reads them), so its enforcement library works
+// unchanged; the GPUSLICE_* names tell the container who it is and what it
+// holds.
+const (
+	// EnvVisibleDevices lists the container's GPU UUIDs, comma-joined, in
+	// the allocation's order; the NVIDIA container runtime reads it.
+	EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// EnvMemoryLimitPrefix + i is the memory limit of the i-th visible GPU,
+	// in MiB with an "m" suffix (e.g. "10240m").
+	EnvMemoryLimitPrefix = "CUDA_DEVICE_MEMORY_LIMIT_"
+	// EnvSMLimit is the compute limit in percent. HAMi-core reads one value
+	// for all GPUs; it is the first slice's CoresPercent and is set only
+	// when that is above 0.
+	EnvSMLimit = "CUDA_DEVICE_SM_LIMIT"
+	// EnvSharedCache is the path, inside the container, of HAMi-core's
+	// per-container memory-accounting file.
+	EnvSharedCache = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+	// EnvPod is the pod as <namespace>/<name>.
+	EnvPod = "GPUSLICE_POD"
+	// EnvPodUID is the pod's UID.
+	EnvPodUID = "GPUSLICE_POD_UID"
+	// EnvContainer is the container's name.
+	EnvContainer = "GPUSLICE_CONTAINER"
+	// EnvAllocation is the container's slices as compact JSON:
+	// [{"uuid":"GPU-…","memoryMiB":10240,"coresPercent":30}, …].
+	EnvAllocation = "GPUSLICE_ALLOCATION"
+
+	// LibVGPUContainerPath is where HAMi-core's library is mounted when
+	// Config.HostLibVGPU is set.
+	LibVGPUContainerPath = "/usr/local/vgpu/libvgpu.so"
+	// PreloadContainerPath is where the plugin's ld.so.preload file is
+	// mounted when Config.HostLibVGPU is set; it names LibVGPUContainerPath.
+	PreloadContainerPath = "/etc/ld.so.preload"
+	// preloadFileName is the ld.so.preload file in Config's state folder.
+	preloadFileName = "ld.so.preload"
+)
+
+// envVar is one environment variable; order matters for stable output.
+type envVar struct {
+	Name, Value string
+}
+
+// hostMount is a read-only bind mount of a host file into the container.
+type hostMount struct {
+	HostPath, ContainerPath string
+}
+
+// containerEdits is everything a container gets for its slice: written to
+// a CDI spec (mode cdi) or returned from Allocate (mode env).
+type containerEdits struct {
+	Env    []envVar
+	Mounts []hostMount
+	// DeviceNodes are device paths, the same on the host and in the
+	// container; none with fake GPUs.
+	DeviceNodes []string
+}
+
+// allocationJSON is the wire form of one slice in EnvAllocation; the field
+// names are those of the hami.io/gpu-allocation annotation.
+type allocationJSON struct {
+	UUID         string `json:"uuid"`
+	MemoryMiB    int64  `json:"memoryMiB"`
+	CoresPercent int    `json:"coresPercent"`
+}
+
+// editsFor builds the container edits of container ca of pod. Every slice
+// must name a GPU this node advertises; the error says which does not.
+// Device nodes are left out with fake GPUs, whose /dev files do not exist.
+func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (containerEdits, error) {
+	var e containerEdits
+	uuids := make([]string, 0, len(ca.GPUs))
+	slices := make([]allocationJSON, 0, len(ca.GPUs))
+	minors := make([]int, 0, len(ca.GPUs))
+	for _, s := range ca.GPUs {
+		g, ok := a.inv.gpu(s.UUID)
+		if !ok {
+			return containerEdits{}, fmt.Errorf("container %q: the allocation names GPU %s, which node %s does not advertise", ca.Name, s.UUID, a.cfg.NodeName)
+		}
+		uuids = append(uuids, s.UUID)
+		minors = append(minors, g.Minor)
+		slices = append(slices, allocationJSON{UUID: s.UUID, MemoryMiB: s.MemoryMiB, CoresPercent: s.CoresPercent})
+	}
+	allocation, err := json.Marshal(slices)
+	if err != nil {
+		return containerEdits{}, fmt.Errorf("encode %s: %w", EnvAllocation, err)
+	}
+
+	e.Env = append(e.Env, envVar{EnvVisibleDevices, strings.Join(uuids, ",")})
+	for i, s := range ca.GPUs {
+		e.Env = append(e.Env, envVar{EnvMemoryLimitPrefix + strconv.Itoa(i), strconv.FormatInt(s.MemoryMiB, 10) + "m"})
+	}
+	if len(ca.GPUs) > 0 && ca.GPUs[0].CoresPercent > 0 {
+		e.Env = append(e.Env, envVar{EnvSMLimit, strconv.Itoa(ca.GPUs[0].CoresPercent)})
+	}
+	e.Env = append(e.Env,
+		envVar{EnvSharedCache, path.Join(a.cfg.SharedCacheDir, string(pod.UID)+"-"+ca.Name+".cache")},
+		envVar{EnvPod, pod.Namespace + "/" + pod.Name},
+		envVar{EnvPodUID, string(pod.UID)},
+		envVar{EnvContainer, ca.Name},
+		envVar{EnvAllocation, string(allocation)},
+	)
+
+	if a.cfg.HostLibVGPU != "" {
+		e.Mounts = []hostMount{
+			{HostPath: a.cfg.HostLibVGPU, ContainerPath: LibVGPUContainerPath},
+			{HostPath: path.Join(a.cfg.EffectiveStateDir(), preloadFileName), ContainerPath: PreloadContainerPath},
+		}
+	}
+	if a.cfg.FakeGPUs == "" {
+		for _, m := range minors {
+			e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidia"+strconv.Itoa(m))
+		}
+		// The control nodes every CUDA process needs besides its GPUs.
+		e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+	}
+	return e, nil
+}
+
+// preloadContent is the ld.so.preload file the plugin mounts into GPU
+// containers when HostLibVGPU is set.
+const preloadContent = LibVGPUContainerPath + "\n"

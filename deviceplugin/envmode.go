@@ -1,0 +1,89 @@
+package deviceplugin
+
+import (
+	"context"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// allocateEnv answers Allocate in mode env with the container's
+// environment and mounts. Allocate carries no pod identity, so the
+// container is the one GetPreferredAllocation offered exactly these IDs
+// to, if it is still pending, else the oldest pending container whose
+// allocation is on exactly the GPUs behind the IDs. It waits for the pod
+// view up to the start budget, then fails (the kubelet rejects the pod).
+// The choice is checkpointed as a binding before the answer, so that
+// PreStartContainer can verify it on every start, across plugin restarts.
+func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if a.pods == nil {
+		return nil, status.Error(codes.FailedPrecondition, errNoPodView.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.t.Budget)
+	defer cancel()
+	if !a.waitSynced(ctx) {
+		return nil, status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
+	}
+	device := cdiDeviceName(ids)
+	var held map[containerRef][]string
+	if pods, err := a.lister.List(ctx); err == nil {
+		held = containerDevices(pods, a.cfg.ResourceName)
+	} else {
+		// Bindings still rule out the containers allocated before.
+		a.logger.V(2).Info("Allocate: PodResources did not answer; matching without it", "err", err.Error())
+	}
+	for {
+		changed := a.pods.Changed()
+		if c, ok := a.envMatch(device, ids, gpus, held); ok {
+			return a.bindEnv(c, ids, device)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"no pending container on node %s was placed by the scheduler on GPUs %v (devices %v): mode env needs the pod's %d-GPU allocation on exactly these GPUs",
+				a.cfg.NodeName, gpus, ids, len(ids))
+		}
+	}
+}
+
+// envMatch picks the container for ids (see allocateEnv).
+func (a *allocator) envMatch(device string, ids, gpus []string, held map[containerRef][]string) (pendingContainer, bool) {
+	pending := a.pendingContainers(held)
+	if o, ok := a.claims.offered(device); ok {
+		for _, c := range pending {
+			if c.Ref == o.Ref && c.Pod.UID == o.PodUID && len(c.Alloc.GPUs) == len(ids) {
+				return c, true
+			}
+		}
+	}
+	for _, c := range pending {
+		if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
+			return c, true
+		}
+	}
+	return pendingContainer{}, false
+}
+
+// bindEnv checkpoints c as the owner of ids and returns its environment.
+func (a *allocator) bindEnv(c pendingContainer, ids []string, device string) (*pluginapi.ContainerAllocateResponse, error) {
+	edits, err := a.editsFor(c.Pod, c.Alloc)
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	b := claim{Device: device, DeviceIDs: ids, Ref: c.Ref, PodUID: c.Pod.UID, At: a.clock.Now()}
+	if err := a.claims.bind(b); err != nil {
+		return nil, status.Errorf(codes.Internal, "record the allocation of devices %v to %s: %v", ids, c.Ref, err)
+	}
+	a.logger.V(2).Info("Allocated in mode env", "container", c.Ref, "podUID", c.Pod.UID, "devices", ids)
+	resp := &pluginapi.ContainerAllocateResponse{Envs: make(map[string]string, len(edits.Env))}
+	for _, v := range edits.Env {
+		resp.Envs[v.Name] = v.Value
+	}
+	for _, m := range edits.Mounts {
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: true})
+	}
+	return resp, nil
+}

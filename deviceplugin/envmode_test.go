@@ -1,0 +1,182 @@
+package deviceplugin
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+func envMode(c *Config) { c.Mode = ModeEnv }
+
+// wantEnv is the env-mode answer for pod name's container main holding
+// one slice of uuid.
+func wantEnv(name, uuid string, memoryMiB string) map[string]string {
+	return map[string]string{
+		EnvVisibleDevices:          uuid,
+		EnvMemoryLimitPrefix + "0": memoryMiB + "m",
+		EnvSMLimit:                 "20",
+		EnvSharedCache:             "/tmp/gpuslice/uid-" + name + "-main.cache",
+		EnvPod:                     "default/" + name,
+		EnvPodUID:                  "uid-" + name,
+		EnvContainer:               "main",
+		EnvAllocation:              `[{"uuid":"` + uuid + `","memoryMiB":` + memoryMiB + `,"coresPercent":20}]`,
+	}
+}
+
+func TestEnvMode(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	podOn := func(name string, at time.Duration, uuid string, memoryMiB int64) func(*handoffFixture) {
+		return func(f *handoffFixture) {
+			f.addPod(gpuPod(name, t0.Add(at), allocOf(vgputest.Allocation("node-1").Container("main").Slice(uuid, memoryMiB, 20)), "main"))
+		}
+	}
+	tests := []struct {
+		name      string
+		setup     []func(*handoffFixture)
+		prefer    bool // GetPreferredAllocation runs before Allocate
+		ids       []string
+		holder    string // pod the kubelet gave the IDs to
+		wantEnv   map[string]string
+		wantErr   string // PreStart error; "": it succeeds
+		wantEvent string
+	}{
+		{
+			name:  "offered, allocated and started for the same container",
+			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000)}, prefer: true,
+			ids: []string{DeviceID(gpuB, 0)}, holder: "a", wantEnv: wantEnv("a", gpuB, "3000"),
+		},
+		{
+			name:  "no offer: the pending container on those GPUs",
+			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("c", time.Second, gpuA, 5000)},
+			ids:   []string{DeviceID(gpuA, 7)}, holder: "c", wantEnv: wantEnv("c", gpuA, "5000"),
+		},
+		{
+			name:  "allocated to one pod, started for another",
+			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("b", time.Second, gpuB, 6000)},
+			ids:   []string{DeviceID(gpuB, 0)}, holder: "b", wantEnv: wantEnv("a", gpuB, "3000"),
+			wantErr:   "allocated to default/a/main but started for default/b/main",
+			wantEvent: "Warning " + ReasonAllocationMismatch + " container main:",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newHandoff(t, envMode)
+			for _, s := range tt.setup {
+				s(f)
+			}
+			if tt.prefer {
+				f.prefer(devicesOf(), nil, 1)
+			}
+			cresp, err := f.allocate(tt.ids...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.wantEnv, cresp.GetEnvs()); diff != "" {
+				t.Errorf("Allocate env (-want +got):\n%s", diff)
+			}
+			if len(cresp.GetCdiDevices()) != 0 || len(cresp.GetMounts()) != 0 {
+				t.Errorf("Allocate answered CDI devices %v and mounts %v, want none", cresp.GetCdiDevices(), cresp.GetMounts())
+			}
+			f.podRes.hold("default", tt.holder, "main", tt.ids...)
+			err = f.preStart(tt.ids...)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("preStart = %v", err)
+				}
+			} else if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("preStart = %v, want FailedPrecondition containing %q", err, tt.wantErr)
+			}
+			if ev := f.event(); tt.wantEvent == "" && ev != "" || !strings.HasPrefix(ev, tt.wantEvent) {
+				t.Errorf("event %q, want one starting with %q", ev, tt.wantEvent)
+			}
+		})
+	}
+}
+
+func TestEnvModeRefusals(t *testing.T) {
+	f := newHandoff(t, envMode)
+	f.addPod(gpuPod("a", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 3000, 20)), "main"))
+	if _, err := f.allocate(DeviceID(gpuA, 0)); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), gpuA) {
+		t.Errorf("Allocate on a GPU no pending container wants = %v, want FailedPrecondition naming %s", err, gpuA)
+	}
+	// The kubelet holds devices this plugin never allocated (lost checkpoint).
+	f.podRes.hold("default", "a", "main", DeviceID(gpuB, 1))
+	err := f.preStart(DeviceID(gpuB, 1))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "not allocated by this plugin") {
+		t.Errorf("preStart without a binding = %v, want FailedPrecondition", err)
+	}
+	if ev := f.event(); !strings.HasPrefix(ev, "Warning "+ReasonAllocationMismatch) {
+		t.Errorf("event %q, want a %s warning", ev, ReasonAllocationMismatch)
+	}
+}
+
+func TestEnvModeLibVGPUMounts(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.Mode = ModeEnv; c.HostLibVGPU = "/opt/hami/libvgpu.so" })
+	f.addPod(gpuPod("a", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 3000, 20)), "main"))
+	cresp, err := f.allocate(DeviceID(gpuB, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []*pluginapi.Mount{
+		{ContainerPath: LibVGPUContainerPath, HostPath: "/opt/hami/libvgpu.so", ReadOnly: true},
+		{ContainerPath: PreloadContainerPath, HostPath: filepath.Join(f.cfg.EffectiveStateDir(), preloadFileName), ReadOnly: true},
+	}
+	var got, wantS []string
+	for _, m := range cresp.GetMounts() {
+		got = append(got, m.String())
+	}
+	for _, m := range want {
+		wantS = append(wantS, m.String())
+	}
+	if diff := cmp.Diff(wantS, got); diff != "" {
+		t.Errorf("mounts (-want +got):\n%s", diff)
+	}
+}
+
+// TestCheckpointSurvivesRestart: a plugin restarted after an env-mode
+// Allocate still verifies (and still refuses) container starts.
+func TestCheckpointSurvivesRestart(t *testing.T) {
+	f := newHandoff(t, envMode)
+	f.addPod(gpuPod("a", time.Now().Add(-time.Minute), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 3000, 20)), "main"))
+	f.addPod(gpuPod("b", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 3000, 20)), "main"))
+	idA, idB := DeviceID(gpuB, 2), DeviceID(gpuA, 2)
+	for _, id := range []string{idA, idB} {
+		if _, err := f.allocate(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	path := filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName)
+	restored, err := loadClaimStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.alloc.claims = restored
+	f.podRes.hold("default", "a", "main", idA)
+	if err := f.preStart(idA); err != nil {
+		t.Errorf("restart of a's container after a plugin restart: %v", err)
+	}
+	f.podRes.hold("default", "c", "main", idB)
+	if err := f.preStart(idB); err == nil || !strings.Contains(err.Error(), "allocated to default/b/main but started for default/c/main") {
+		t.Errorf("mismatch after a plugin restart: %v", err)
+	}
+
+	if err := os.WriteFile(path, []byte("{broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := loadClaimStore(path); err == nil || !strings.Contains(err.Error(), path) || len(s.bindings) != 0 {
+		t.Errorf("malformed checkpoint: %v, %d bindings; want an error naming the file and none", err, len(s.bindings))
+	}
+	if s, err := loadClaimStore(filepath.Join(t.TempDir(), "none.json")); err != nil || len(s.bindings) != 0 {
+		t.Errorf("missing checkpoint: %v, %d bindings; want an empty store", err, len(s.bindings))
+	}
+}

@@ -1,0 +1,101 @@
+package deviceplugin
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+)
+
+// TestStaleSpecGC: specs of devices a container holds stay; specs of
+// devices nobody holds go once they are a minute old; young ones, foreign
+// files and the state folder's own files stay; temporary leftovers go.
+func TestStaleSpecGC(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB"; c.HostLibVGPU = "/opt/hami/libvgpu.so" })
+	dir := f.cfg.CDISpecDir
+	live, staleOld, staleYoung := cdiDeviceName([]string{DeviceID(gpuA, 0)}), cdiDeviceName([]string{DeviceID(gpuA, 1)}), cdiDeviceName([]string{DeviceID(gpuB, 1)})
+	f.podRes.hold("default", "p", "main", DeviceID(gpuA, 0))
+	old := time.Now().Add(-2 * time.Minute)
+	files := map[string]time.Time{
+		cdiSpecFileName(live):       old,
+		cdiSpecFileName(staleOld):   old,
+		cdiSpecFileName(staleYoung): time.Now(),
+		"nvidia.com-gpu.json":       old,
+		".gpuslice-123.tmp":         old,
+		".gpuslice-456.tmp":         time.Now(),
+	}
+	for name, mtime := range files {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	f.alloc.gc(context.Background())
+	got := readDirNames(t, dir)
+	want := []string{".gpuslice-456.tmp", cdiSpecFileName(live), cdiSpecFileName(staleYoung), "nvidia.com-gpu.json"}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("spec folder after GC (-want +got):\n%s", diff)
+	}
+	preload, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), preloadFileName))
+	if err != nil || string(preload) != LibVGPUContainerPath+"\n" {
+		t.Errorf("ld.so.preload = %q, %v; want %q", preload, err, LibVGPUContainerPath+"\n")
+	}
+
+	// Without a PodResources answer nothing is removed.
+	if err := os.Chtimes(filepath.Join(dir, cdiSpecFileName(staleYoung)), old, old); err != nil {
+		t.Fatal(err)
+	}
+	f.podRes.fail(codes.Unavailable)
+	f.alloc.gc(context.Background())
+	if diff := cmp.Diff(want, readDirNames(t, dir)); diff != "" {
+		t.Errorf("GC without PodResources removed files (-want +got):\n%s", diff)
+	}
+}
+
+func TestClaimGC(t *testing.T) {
+	path := filepath.Join(t.TempDir(), checkpointFileName)
+	s := newClaimStore(path)
+	now := time.Now()
+	ref := containerRef{Namespace: "default", Pod: "p", Container: "main"}
+	mk := func(id string, at time.Time) claim {
+		return claim{Device: cdiDeviceName([]string{id}), DeviceIDs: []string{id}, Ref: ref, PodUID: "uid-p", At: at}
+	}
+	held, gone, young := mk(DeviceID(gpuA, 0), now.Add(-time.Hour)), mk(DeviceID(gpuA, 1), now.Add(-time.Hour)), mk(DeviceID(gpuA, 2), now)
+	for _, c := range []claim{held, gone, young} {
+		if err := s.bind(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.offer(mk(DeviceID(gpuB, 0), now.Add(-time.Hour)))
+	dropped, err := s.gc(map[string]bool{held.Device: true}, now.Add(-time.Minute))
+	if err != nil || dropped != 1 {
+		t.Fatalf("gc = %d, %v; want 1 binding dropped", dropped, err)
+	}
+	restored, err := loadClaimStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for d := range restored.bindings {
+		got = append(got, d)
+	}
+	slices.Sort(got)
+	want := []string{held.Device, young.Device}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("checkpointed bindings after GC (-want +got):\n%s", diff)
+	}
+	if len(s.offers) != 0 {
+		t.Errorf("%d old offers kept", len(s.offers))
+	}
+}

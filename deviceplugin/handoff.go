@@ -1,0 +1,130 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// eventComponent is the source of the plugin's events.
+const eventComponent = "gpuslice-device-plugin"
+
+// startHandoff prepares the folders, the PodResources client, the pod view
+// and the event recorder, and returns the allocator and a function that
+// releases them once ctx has ended. The pod view and the events need
+// Options.Client; without it the plugin still serves and registers, but
+// refuses every GPU container start (errNoPodView). Nothing here waits for
+// the API server or the kubelet.
+func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, func(), error) {
+	logger := klog.FromContext(ctx)
+	if p.cfg.Mode == ModeCDI {
+		if err := os.MkdirAll(p.cfg.CDISpecDir, 0o755); err != nil { //nolint:gosec // G301: container runtimes read CDI specs.
+			return nil, nil, fmt.Errorf("CDI spec folder: %w", err)
+		}
+	}
+	state := p.cfg.EffectiveStateDir()
+	if err := os.MkdirAll(state, 0o755); err != nil { //nolint:gosec // G301: runtimes bind-mount ld.so.preload from here.
+		return nil, nil, fmt.Errorf("state folder: %w", err)
+	}
+	if p.cfg.HostLibVGPU != "" {
+		if err := ensureFile(state, preloadFileName, preloadContent, 0o644); err != nil {
+			return nil, nil, err
+		}
+	}
+	claims := newClaimStore("")
+	if p.cfg.Mode == ModeEnv {
+		var err error
+		if claims, err = loadClaimStore(filepath.Join(state, checkpointFileName)); err != nil {
+			logger.Error(err, "Starting without the env-mode checkpoint: containers allocated before cannot be verified and will not restart")
+		}
+	}
+	a := &allocator{
+		cfg:    p.cfg,
+		inv:    inv,
+		lister: newCoalescingLister(newPodResourcesClient(p.cfg.PodResourcesSocket)),
+		claims: claims,
+		clock:  p.opts.Clock,
+		t:      defaultTimings(),
+		logger: logger.WithName("handoff"),
+	}
+	var stops []func()
+	if p.opts.Client != nil {
+		view, err := newPodView(p.opts.Client, p.cfg.NodeName)
+		if err != nil {
+			return nil, nil, err
+		}
+		view.start(ctx)
+		a.pods = view
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.opts.Client.CoreV1().Events("")})
+		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName})
+		stops = append(stops, view.stop, broadcaster.Shutdown)
+	} else {
+		logger.Info("No API server configured: GPU containers cannot get their allocation and will not start")
+	}
+	return a, func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}, nil
+}
+
+// runGC collects stale CDI specs and claims now and every GCInterval until
+// ctx ends.
+func (a *allocator) runGC(ctx context.Context) {
+	ticker := a.clock.NewTicker(a.t.GCInterval)
+	defer ticker.Stop()
+	for {
+		a.gc(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C():
+		}
+	}
+}
+
+// gc removes the CDI specs and env-mode bindings of devices that no
+// container holds any more, once they are older than ClaimTTL (a spec
+// written at PreStartContainer must outlive the container's creation), and
+// drops old offers. Without a PodResources answer it removes nothing. It
+// also restores the ld.so.preload file if someone removed it.
+func (a *allocator) gc(ctx context.Context) {
+	pods, err := a.lister.List(ctx)
+	if err != nil {
+		a.logger.V(2).Info("Stale-spec collection skipped: PodResources did not answer", "err", err.Error())
+		return
+	}
+	live := map[string]bool{}
+	for _, ids := range containerDevices(pods, a.cfg.ResourceName) {
+		live[cdiDeviceName(ids)] = true
+	}
+	cutoff := a.clock.Now().Add(-a.t.ClaimTTL)
+	removed, err := removeStaleCDISpecs(a.cfg.CDISpecDir, live, cutoff)
+	if err != nil {
+		a.logger.Error(err, "Removing stale CDI specs")
+	}
+	if len(removed) > 0 {
+		a.logger.V(2).Info("Removed stale CDI specs", "devices", removed)
+	}
+	if dropped, err := a.claims.gc(live, cutoff); err != nil {
+		a.logger.Error(err, "Writing the env-mode checkpoint")
+	} else if dropped > 0 {
+		a.logger.V(2).Info("Dropped stale env-mode bindings", "count", dropped)
+	}
+	if err := removeStaleTemps(a.cfg.EffectiveStateDir(), cutoff); err != nil {
+		a.logger.Error(err, "Removing leftover temporary files")
+	}
+	if a.cfg.HostLibVGPU != "" {
+		if err := ensureFile(a.cfg.EffectiveStateDir(), preloadFileName, preloadContent, 0o644); err != nil {
+			a.logger.Error(err, "Restoring the ld.so.preload file")
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// podListTimeout bounds one PodResources List call.
+const podListTimeout = 5 * time.Second
+
+// podLister lists, per pod and container on this node, the device IDs the
+// kubelet assigned (the kubelet's PodResources API). Implementations are
+// safe for concurrent use.
+type podLister interface {
+	List(ctx context.Context) ([]*podresourcesapi.PodResources, error)
+}
+
+// podResourcesClient is the real podLister: the kubelet's PodResources v1
+// service on a unix socket. Each List dials afresh (a unix socket costs
+// little, and List is rare and coalesced): no connection outlives a kubelet
+// restart and nothing reconnects, or logs, in the background while the
+// kubelet is away.
+type podResourcesClient struct {
+	target string
+}
+
+// newPodResourcesClient returns a client for the socket at path (absolute).
+// It does not dial; List reports a kubelet that is not there.
+func newPodResourcesClient(path string) *podResourcesClient {
+	return &podResourcesClient{target: "unix://" + path}
+}
+
+// List makes one List call, failing fast (codes.Unavailable) while the
+// kubelet does not answer and with codes.ResourceExhausted above the
+// kubelet's rate limit.
+func (c *podResourcesClient) List(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
+	conn, err := grpc.NewClient(c.target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("PodResources client for %s: %w", c.target, err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, podListTimeout)
+	defer cancel()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("PodResources List: %w", err)
+	}
+	return resp.GetPodResources(), nil
+}
+
+// coalescingLister shares List calls among concurrent callers: a caller
+// joins the next call to start, never one already in flight, so every
+// answer is at least as fresh as the moment it was asked for. While one
+// call runs, everyone who asks meanwhile waits for a single follow-up
+// call. This keeps a burst of container starts under the kubelet's rate
+// limit (100/s, burst 10, shared by all clients).
+type coalescingLister struct {
+	inner podLister
+
+	mu      sync.Mutex
+	running bool
+	next    *listCall // the call the next waiters share; nil when none waits
+}
+
+type listCall struct {
+	done    chan struct{}
+	waiters int // callers sharing this call; guarded by coalescingLister.mu
+	pods    []*podresourcesapi.PodResources
+	err     error
+}
+
+func newCoalescingLister(inner podLister) *coalescingLister {
+	return &coalescingLister{inner: inner}
+}
+
+// List returns the result of a List call that started after List was
+// called, or ctx's error. The shared call itself is bounded by
+// podListTimeout and does not end with any one caller's ctx.
+func (l *coalescingLister) List(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
+	l.mu.Lock()
+	if l.next == nil {
+		l.next = &listCall{done: make(chan struct{})}
+	}
+	call := l.next
+	call.waiters++
+	if !l.running {
+		l.running = true
+		go l.loop(context.WithoutCancel(ctx))
+	}
+	l.mu.Unlock()
+	select {
+	case <-call.done:
+		return call.pods, call.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("PodResources List: %w", ctx.Err())
+	}
+}
+
+// loop runs the waiting calls one after another until none waits.
+func (l *coalescingLister) loop(ctx context.Context) {
+	for {
+		l.mu.Lock()
+		call := l.next
+		if call == nil {
+			l.running = false
+			l.mu.Unlock()
+			return
+		}
+		l.next = nil
+		l.mu.Unlock()
+		callCtx, cancel := context.WithTimeout(ctx, podListTimeout)
+		call.pods, call.err = l.inner.List(callCtx)
+		cancel()
+		close(call.done)
+	}
+}
+
+// containerDevices indexes a List answer: for each container holding
+// devices of resource, its device IDs, sorted and without repeats (the
+// kubelet lists one entry per device and NUMA node).
+func containerDevices(pods []*podresourcesapi.PodResources, resource string) map[containerRef][]string {
+	held := map[containerRef][]string{}
+	for _, p := range pods {
+		for _, c := range p.GetContainers() {
+			var ids []string
+			for _, d := range c.GetDevices() {
+				if d.GetResourceName() == resource {
+					ids = append(ids, d.GetDeviceIds()...)
+				}
+			}
+			if len(ids) == 0 {
+				continue
+			}
+			slices.Sort(ids)
+			held[containerRef{Namespace: p.GetNamespace(), Pod: p.GetName(), Container: c.GetName()}] = slices.Compact(ids)
+		}
+	}
+	return held
+}
+
+// containerRef names one container of one pod.
+type containerRef struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	Container string `json:"container"`
+}
+
+// String renders r as namespace/pod/container.
+func (r containerRef) String() string {
+	return r.Namespace + "/" + r.Pod + "/" + r.Container
+}

@@ -1,0 +1,243 @@
+package deviceplugin
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// pendingContainer is a container the scheduler placed on this node that
+// does not hold its devices yet.
+type pendingContainer struct {
+	Ref   containerRef
+	Pod   *corev1.Pod
+	Alloc vgpu.ContainerAllocation
+	// order is the container's place in the allocation (init containers
+	// first, in spec order), the kubelet's admission order within a pod.
+	order int
+}
+
+// preferred answers GetPreferredAllocation. It never fails: with no match,
+// or when the PodResources API does not answer at once, it returns the
+// kubelet's default choice (the must-include IDs, then the first available
+// ones).
+func (a *allocator) preferred(ctx context.Context, req *pluginapi.PreferredAllocationRequest) *pluginapi.PreferredAllocationResponse {
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, creq := range req.GetContainerRequests() {
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: a.preferOne(ctx, creq)})
+	}
+	return resp
+}
+
+// preferOne steers the kubelet to devices on the GPUs the scheduler chose.
+// The request carries no pod identity, so it picks, among the pending
+// containers (pendingContainers), the oldest one (the kubelet admits pods
+// in creation order) that needs AllocationSize GPUs, was not offered
+// devices within ClaimTTL, has an available device on each of its GPUs
+// and covers the must-include IDs; it answers one device per chosen GPU,
+// the lowest free slice, and records the offer. The pod view may lag the
+// kubelet's own pod watch, so without a match it waits for pod changes up
+// to PreferWait before it falls back.
+func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPreferredAllocationRequest) []string {
+	avail, must, size := creq.GetAvailableDeviceIDs(), creq.GetMustIncludeDeviceIDs(), int(creq.GetAllocationSize())
+	fallback := defaultPick(avail, must, size)
+	if a.pods == nil || size <= 0 {
+		return fallback
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, a.t.PreferWait)
+	defer cancel()
+	if !a.waitSynced(waitCtx) {
+		a.logger.Info("GetPreferredAllocation: the pod view has not listed the node's pods yet; the kubelet chooses")
+		return fallback
+	}
+	for {
+		changed := a.pods.Changed()
+		pods, err := a.lister.List(ctx)
+		if err != nil {
+			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
+			return fallback
+		}
+		if pick, ok := a.offerPending(containerDevices(pods, a.cfg.ResourceName), avail, must, size); ok {
+			return pick
+		}
+		select {
+		case <-changed:
+		case <-waitCtx.Done():
+			a.logger.V(2).Info("GetPreferredAllocation: no pending container fits; the kubelet chooses", "size", size, "mustInclude", must)
+			return fallback
+		}
+	}
+}
+
+// offerPending finds the container preferOne steers for and records the
+// offer.
+func (a *allocator) offerPending(held map[containerRef][]string, avail, must []string, size int) ([]string, bool) {
+	now := a.clock.Now()
+	for _, c := range a.pendingContainers(held) {
+		if len(c.Alloc.GPUs) != size || a.claims.recentlyOffered(c.Ref, c.Pod.UID, now.Add(-a.t.ClaimTTL)) {
+			continue
+		}
+		pick, ok := pickDevices(c.Alloc.GPUs, avail, must)
+		if !ok {
+			continue
+		}
+		a.claims.offer(claim{Device: cdiDeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
+		a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
+		return pick, true
+	}
+	return nil, false
+}
+
+// pendingContainers lists the containers the scheduler placed on this
+// node that hold no devices yet (held comes from PodResources) and, in
+// mode env, were not allocated yet, oldest pod first (creation time, then
+// namespace/name), then in allocation order. Terminal and deleted pods,
+// unreadable allocations, allocations for other nodes and regular init
+// containers (the kubelet hands their devices to the app containers) are
+// left out.
+func (a *allocator) pendingContainers(held map[containerRef][]string) []pendingContainer {
+	var out []pendingContainer
+	for _, pod := range a.pods.Pods() {
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		value, ok := pod.Annotations[vgpu.AnnotationPodAllocation]
+		if !ok {
+			continue
+		}
+		alloc, err := vgpu.ParsePodAllocation(value)
+		if err != nil || alloc.Node != a.cfg.NodeName {
+			continue
+		}
+		for i, ca := range alloc.Containers {
+			ref := containerRef{Namespace: pod.Namespace, Pod: pod.Name, Container: ca.Name}
+			if ca.Init && !isSidecar(pod, ca.Name) {
+				continue
+			}
+			if len(held[ref]) > 0 || a.claims.isBound(ref, pod.UID) {
+				continue
+			}
+			out = append(out, pendingContainer{Ref: ref, Pod: pod, Alloc: ca, order: i})
+		}
+	}
+	slices.SortFunc(out, func(x, y pendingContainer) int {
+		return cmp.Or(
+			x.Pod.CreationTimestamp.Compare(y.Pod.CreationTimestamp.Time),
+			cmp.Compare(x.Ref.Namespace, y.Ref.Namespace),
+			cmp.Compare(x.Ref.Pod, y.Ref.Pod),
+			cmp.Compare(x.order, y.order),
+		)
+	})
+	return out
+}
+
+// isSidecar reports whether pod has a restartable init container name.
+func isSidecar(pod *corev1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+		}
+	}
+	return false
+}
+
+// pickDevices returns one ID of avail per wanted slice's GPU, in order: the
+// must-include ID on that GPU if there is one, else the lowest slice
+// number. It fails when a GPU has no available device, or a must-include
+// ID is on a GPU outside want or shares its GPU with another one.
+func pickDevices(want []vgpu.GPUSlice, avail, must []string) ([]string, bool) {
+	lowest := map[string]int{} // GPU UUID -> lowest available slice number
+	for _, id := range avail {
+		uuid, n, ok := parseDeviceID(id)
+		if !ok {
+			continue
+		}
+		if cur, seen := lowest[uuid]; !seen || n < cur {
+			lowest[uuid] = n
+		}
+	}
+	mustOn := map[string]string{} // GPU UUID -> must-include ID
+	for _, id := range must {
+		uuid, ok := GPUOfDeviceID(id)
+		if _, dup := mustOn[uuid]; !ok || dup {
+			return nil, false
+		}
+		mustOn[uuid] = id
+	}
+	pick := make([]string, 0, len(want))
+	for _, s := range want {
+		if id, ok := mustOn[s.UUID]; ok {
+			pick = append(pick, id)
+			delete(mustOn, s.UUID)
+			continue
+		}
+		n, ok := lowest[s.UUID]
+		if !ok {
+			return nil, false
+		}
+		pick = append(pick, DeviceID(s.UUID, n))
+	}
+	return pick, len(mustOn) == 0
+}
+
+// defaultPick is the kubelet's own choice: the must-include IDs, then the
+// available ones in order, size in all.
+func defaultPick(avail, must []string, size int) []string {
+	pick := slices.Clone(must)
+	for _, id := range avail {
+		if len(pick) >= size {
+			break
+		}
+		if !slices.Contains(pick, id) {
+			pick = append(pick, id)
+		}
+	}
+	return pick
+}
+
+// parseDeviceID splits a DeviceID into GPU UUID and slice number.
+func parseDeviceID(id string) (string, int, bool) {
+	uuid, n, ok := strings.Cut(id, deviceIDSeparator)
+	if !ok || uuid == "" {
+		return "", 0, false
+	}
+	i, err := strconv.Atoi(n)
+	if err != nil || i < 0 {
+		return "", 0, false
+	}
+	return uuid, i, true
+}
+
+// sameGPUs reports whether ids lie on exactly the GPUs of ca.
+func sameGPUs(ids []string, ca vgpu.ContainerAllocation) bool {
+	return slices.Equal(gpuSet(ids), allocationGPUs(ca))
+}
+
+// gpuSet returns the sorted UUIDs behind device IDs.
+func gpuSet(ids []string) []string {
+	var uuids []string
+	for _, id := range ids {
+		if uuid, ok := GPUOfDeviceID(id); ok {
+			uuids = append(uuids, uuid)
+		}
+	}
+	slices.Sort(uuids)
+	return slices.Compact(uuids)
+}
+
+// allocationGPUs returns the sorted UUIDs of ca's slices.
+func allocationGPUs(ca vgpu.ContainerAllocation) []string {
+	uuids := make([]string, 0, len(ca.GPUs))
+	for _, s := range ca.GPUs {
+		uuids = append(uuids, s.UUID)
+	}
+	slices.Sort(uuids)
+	return slices.Compact(uuids)
+}

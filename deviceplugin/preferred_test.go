@@ -1,0 +1,146 @@
+package deviceplugin
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	corev1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// devicesOf lists the node's device IDs (10 per GPU), GPU A first,
+// without except.
+func devicesOf(except ...string) []string {
+	var ids []string
+	for _, g := range []string{gpuA, gpuB} {
+		for n := range DefaultSplitCount {
+			if id := DeviceID(g, n); !slices.Contains(except, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+func TestGetPreferredAllocation(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// old wants one slice of B, mid one slice of A, pair one slice of each
+	// (A first); oldest first.
+	old := gpuPod("old", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main")
+	mid := gpuPod("mid", t0.Add(time.Minute), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main")
+	pair := gpuPod("pair", t0.Add(2*time.Minute), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main")
+	finished := old.DeepCopy()
+	finished.Status.Phase = corev1.PodSucceeded
+	elsewhere := gpuPod("old", t0, allocOf(vgputest.Allocation("node-2").Container("main").Slice(gpuB, 1024, 0)), "main")
+	initOnly := vgputest.Pod("init").NodeName("node-1").InitContainer("setup").GPU(1).Container("main").Obj()
+	initOnly.CreationTimestamp = old.CreationTimestamp
+	setAllocation(initOnly, vgputest.Allocation("node-1").InitContainer("setup").Slice(gpuB, 1024, 0))
+	sidecar := vgputest.Pod("sidecar").NodeName("node-1").Sidecar("proxy").GPU(1).Container("main").Obj()
+	sidecar.CreationTimestamp = old.CreationTimestamp
+	setAllocation(sidecar, vgputest.Allocation("node-1").InitContainer("proxy").Slice(gpuB, 1024, 0))
+
+	tests := []struct {
+		name  string
+		pods  []*corev1.Pod
+		setup func(*handoffFixture)
+		avail []string
+		must  []string
+		size  int32
+		want  []string
+	}{
+		{name: "oldest pending container of that size", pods: []*corev1.Pod{pair, mid, old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)}},
+		{name: "lowest free slice", pods: []*corev1.Pod{old}, avail: devicesOf(DeviceID(gpuB, 0), DeviceID(gpuB, 1)), size: 1, want: []string{DeviceID(gpuB, 2)}},
+		{name: "two GPUs in allocation order", pods: []*corev1.Pod{pair, mid, old}, avail: devicesOf(), size: 2, want: []string{DeviceID(gpuA, 0), DeviceID(gpuB, 0)}},
+		{name: "must-include picks the container on that GPU", pods: []*corev1.Pod{old, mid}, avail: devicesOf(), must: []string{DeviceID(gpuA, 4)}, size: 1, want: []string{DeviceID(gpuA, 4)}},
+		{name: "must-include kept in a two-GPU pick", pods: []*corev1.Pod{pair}, avail: devicesOf(), must: []string{DeviceID(gpuB, 6)}, size: 2, want: []string{DeviceID(gpuA, 0), DeviceID(gpuB, 6)}},
+		{
+			name: "a container holding devices is not pending", pods: []*corev1.Pod{old, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)},
+			setup: func(f *handoffFixture) { f.podRes.hold("default", "old", "main", DeviceID(gpuB, 9)) },
+		},
+		{
+			name: "a recently offered container is skipped", pods: []*corev1.Pod{old, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)},
+			setup: func(f *handoffFixture) {
+				f.alloc.claims.offer(claim{Device: "vx", Ref: containerRef{"default", "old", "main"}, PodUID: old.UID, At: time.Now()})
+			},
+		},
+		{
+			name: "an old offer no longer counts", pods: []*corev1.Pod{old, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
+			setup: func(f *handoffFixture) {
+				f.alloc.claims.offer(claim{Device: "vx", Ref: containerRef{"default", "old", "main"}, PodUID: old.UID, At: time.Now().Add(-2 * time.Minute)})
+			},
+		},
+		{name: "no free device on the GPU", pods: []*corev1.Pod{old, mid}, avail: devicesOf()[:DefaultSplitCount], size: 1, want: []string{DeviceID(gpuA, 0)}},
+		{name: "finished pods are not pending", pods: []*corev1.Pod{finished, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)}},
+		{name: "allocations for other nodes are ignored", pods: []*corev1.Pod{elsewhere}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)}},
+		{name: "regular init containers are skipped", pods: []*corev1.Pod{initOnly, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)}},
+		{name: "sidecars are served", pods: []*corev1.Pod{sidecar, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)}},
+		{
+			name: "PodResources over its rate limit: the kubelet's order", pods: []*corev1.Pod{old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)},
+			setup: func(f *handoffFixture) { f.podRes.fail(codes.ResourceExhausted) },
+		},
+		{name: "no pending pod: must-include first, then the kubelet's order", avail: devicesOf(), must: []string{DeviceID(gpuB, 3)}, size: 2, want: []string{DeviceID(gpuB, 3), DeviceID(gpuA, 0)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newHandoff(t, nil)
+			for _, p := range tt.pods {
+				f.addPod(p)
+			}
+			if tt.setup != nil {
+				tt.setup(f)
+			}
+			got := f.prefer(tt.avail, tt.must, tt.size)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("preferred devices (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestPreferredOffersAreRemembered: asked twice for the same size, the
+// plugin steers the second call to the next pending container.
+func TestPreferredOffersAreRemembered(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	f := newHandoff(t, nil)
+	f.addPod(gpuPod("first", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.addPod(gpuPod("second", t0.Add(time.Second), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	var got []string
+	for range 3 {
+		got = append(got, f.prefer(devicesOf(), nil, 1)...)
+	}
+	// The third call finds no pending container left and falls back.
+	want := []string{DeviceID(gpuB, 0), DeviceID(gpuA, 0), DeviceID(gpuA, 0)}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("three calls (-want +got):\n%s", diff)
+	}
+	if o, ok := f.alloc.claims.offered(cdiDeviceName([]string{DeviceID(gpuB, 0)})); !ok || o.Ref.Pod != "first" {
+		t.Errorf("offer for %s = %+v, %v; want pod first", DeviceID(gpuB, 0), o, ok)
+	}
+}
+
+func (f *handoffFixture) prefer(avail, must []string, size int32) []string {
+	resp, err := (&endpoint{alloc: f.alloc}).GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: avail, MustIncludeDeviceIDs: must, AllocationSize: size}},
+	})
+	if err != nil {
+		f.t.Fatalf("GetPreferredAllocation failed: %v", err)
+	}
+	return resp.GetContainerResponses()[0].GetDeviceIDs()
+}
+
+// setAllocation writes b as pod's allocation annotation.
+func setAllocation(pod *corev1.Pod, b *vgputest.AllocationBuilder) {
+	with := gpuPod(pod.Name, pod.CreationTimestamp.Time, allocOf(b))
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	for k, v := range with.Annotations {
+		pod.Annotations[k] = v
+	}
+}

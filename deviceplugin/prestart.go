@@ -1,0 +1,115 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// preStart answers PreStartContainer, which the kubelet calls before every
+// start of a container (restarts included) with its device IDs. It finds
+// the container that holds exactly those IDs through the PodResources API,
+// then, in mode cdi, writes the CDI spec of that container's slice; in
+// mode env, checks that Allocate answered for that same container. Any
+// failure fails this start (the kubelet retries) with an error saying why,
+// and a Warning event on the pod when the pod is known. It returns within
+// the start budget, below the kubelet's 30 s timeout.
+func (a *allocator) preStart(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	ids, _, err := a.checkIDs(req.GetDevicesIds())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.t.Budget)
+	defer cancel()
+	if a.pods == nil {
+		return nil, status.Error(codes.FailedPrecondition, errNoPodView.Error())
+	}
+	ref, err := a.findOwner(ctx, ids)
+	if err != nil {
+		a.logger.Info("Refusing container start", "devices", ids, "err", err.Error())
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if a.cfg.Mode == ModeEnv {
+		err = a.verifyBinding(ref, ids)
+	} else {
+		err = a.writeSpec(ctx, ref, ids)
+	}
+	if err != nil {
+		return nil, a.report(ref, err)
+	}
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// writeSpec writes the CDI spec that gives ref, the holder of ids, its
+// slice. The device name depends on the IDs only and IDs pass from pod to
+// pod, so the spec is rewritten on every start.
+func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids []string) error {
+	pod, ca, err := a.podAllocation(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if len(ca.GPUs) != len(ids) {
+		return refuse(ReasonAllocationMismatch, ref, pod, "container %s holds %d %s devices but its allocation has %d GPU slices", ref, len(ids), a.cfg.ResourceName, len(ca.GPUs))
+	}
+	edits, err := a.editsFor(pod, ca)
+	if err != nil {
+		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
+	}
+	name := cdiDeviceName(ids)
+	spec, err := buildCDISpec(name, edits)
+	if err == nil {
+		err = writeCDISpec(a.cfg.CDISpecDir, spec)
+	}
+	if err != nil {
+		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", CDIQualifiedName(name), err)
+	}
+	if !sameGPUs(ids, ca) {
+		a.logger.V(2).Info("The kubelet's devices are on other GPUs than the scheduler chose; the container gets the scheduler's", "container", ref, "devices", ids)
+	}
+	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids)
+	return nil
+}
+
+// verifyBinding checks, in mode env, that Allocate answered ids with the
+// environment of ref, the container now starting with them.
+func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
+	pod, _ := a.pods.Pod(ref.Namespace, ref.Pod)
+	b, ok := a.claims.binding(cdiDeviceName(ids))
+	if !ok {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"devices %v were not allocated by this plugin but started for %s (checkpoint lost?): delete the pod so that it is created again", ids, ref)
+	}
+	if b.Ref != ref {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"devices %v were allocated to %s but started for %s: the container would run with another pod's limits; delete the pod so that it is created again", ids, b.Ref, ref)
+	}
+	if pod != nil && pod.UID != b.PodUID {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"devices %v were allocated to %s (pod UID %s) but started for %s (pod UID %s); delete the pod so that it is created again", ids, b.Ref, b.PodUID, ref, pod.UID)
+	}
+	return nil
+}
+
+// report turns a start refusal into the gRPC error and, when the pod is
+// known, a Warning event on it.
+func (a *allocator) report(ref containerRef, err error) error {
+	a.logger.Info("Refusing container start", "container", ref, "err", err.Error())
+	var r *refusal
+	if !errors.As(err, &r) {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if a.events != nil {
+		var obj runtime.Object = r.Pod
+		if r.Pod == nil {
+			obj = &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ref.Namespace, Name: ref.Pod}
+		}
+		a.events.Eventf(obj, corev1.EventTypeWarning, r.Reason, "container %s: %s", ref.Container, r.Err.Error())
+	}
+	return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: %s", r.Reason, r.Err.Error()))
+}

@@ -1,0 +1,214 @@
+package deviceplugin
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// TestPreStartRefusals: every start the plugin cannot serve fails with
+// FailedPrecondition and a message saying why, and a Warning event on the
+// pod when the pod is known; no spec is written.
+func TestPreStartRefusals(t *testing.T) {
+	id := DeviceID(gpuA, 1)
+	oneSlice := allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0))
+	tests := []struct {
+		name      string
+		pod       *corev1.Pod // added to the API; nil: none
+		held      string      // pod holding id in PodResources; "": none
+		noView    bool
+		wantErr   []string // substrings of the error
+		wantEvent string   // prefix of the event; "": none
+	}{
+		{
+			name: "no container holds the devices", pod: gpuPod("p", time.Now(), oneSlice, "main"),
+			wantErr: []string{"no container holds exactly these devices", id, "init containers"},
+		},
+		{
+			name: "pod not in the view", held: "ghost",
+			wantErr:   []string{ReasonAllocationMissing, "default/ghost", "not in the plugin's view"},
+			wantEvent: "Warning " + ReasonAllocationMissing,
+		},
+		{
+			name: "no allocation annotation", pod: gpuPod("p", time.Now(), nil, "main"), held: "p",
+			wantErr:   []string{ReasonAllocationMissing, vgpu.AnnotationPodAllocation, "gpuslice scheduler"},
+			wantEvent: "Warning " + ReasonAllocationMissing + " container main:",
+		},
+		{
+			name: "allocation without this container", held: "p",
+			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("other").Slice(gpuA, 1024, 0)), "main"),
+			wantErr:   []string{ReasonAllocationMissing, `no entry for container "main"`},
+			wantEvent: "Warning " + ReasonAllocationMissing,
+		},
+		{
+			name: "slice count differs from device count", held: "p",
+			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main"),
+			wantErr:   []string{ReasonAllocationMismatch, "holds 1 hami.io/gpu devices but its allocation has 2 GPU slices"},
+			wantEvent: "Warning " + ReasonAllocationMismatch,
+		},
+		{
+			name: "allocation for another node", held: "p",
+			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-2").Container("main").Slice(gpuA, 1024, 0)), "main"),
+			wantErr:   []string{ReasonAllocationMismatch, `"node-2"`, `"node-1"`},
+			wantEvent: "Warning " + ReasonAllocationMismatch,
+		},
+		{
+			name: "allocation names a GPU this node lacks", held: "p",
+			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice("GPU-elsewhere", 1024, 0)), "main"),
+			wantErr:   []string{ReasonAllocationMismatch, "GPU-elsewhere", "does not advertise"},
+			wantEvent: "Warning " + ReasonAllocationMismatch,
+		},
+		{
+			name: "malformed allocation", held: "p",
+			pod:       vgputest.Pod("p").NodeName("node-1").Container("main").GPU(1).Annotation(vgpu.AnnotationPodAllocation, "{not json").Obj(),
+			wantErr:   []string{ReasonAllocationInvalid, vgpu.AnnotationPodAllocation},
+			wantEvent: "Warning " + ReasonAllocationInvalid,
+		},
+		{
+			name: "no API server", noView: true, held: "p",
+			wantErr: []string{"no API server configured"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+			if tt.pod != nil {
+				f.addPod(tt.pod)
+			}
+			if tt.held != "" {
+				f.podRes.hold("default", tt.held, "main", id)
+			}
+			if tt.noView {
+				f.alloc.pods = nil
+			}
+			err := f.preStart(id)
+			if status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("preStart = %v, want code FailedPrecondition", err)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			ev := f.event()
+			if tt.wantEvent == "" && ev != "" || !strings.HasPrefix(ev, tt.wantEvent) {
+				t.Errorf("event %q, want one starting with %q", ev, tt.wantEvent)
+			}
+			if names := readDirNames(t, f.cfg.CDISpecDir); len(names) != 0 {
+				t.Errorf("a refused start left files in the spec folder: %v", names)
+			}
+		})
+	}
+}
+
+// TestPreStartRetriesPodResources: the PodResources API rejects calls over
+// its rate limit at once (ResourceExhausted); PreStartContainer retries
+// within its budget.
+func TestPreStartRetriesPodResources(t *testing.T) {
+	tests := []struct {
+		name      string
+		failures  []codes.Code
+		wantCalls int
+		wantCode  codes.Code
+	}{
+		{name: "two rejections, then an answer", failures: []codes.Code{codes.ResourceExhausted, codes.ResourceExhausted}, wantCalls: 3},
+		{name: "kubelet restarting, then an answer", failures: []codes.Code{codes.Unavailable}, wantCalls: 2},
+		{name: "rejected past the budget", failures: repeatCode(codes.ResourceExhausted, 10000), wantCode: codes.FailedPrecondition},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+			id := DeviceID(gpuB, 3)
+			f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+			f.podRes.hold("default", "p", "main", id)
+			f.podRes.fail(tt.failures...)
+			err := f.preStart(id)
+			if status.Code(err) != tt.wantCode {
+				t.Fatalf("preStart = %v, want code %v", err, tt.wantCode)
+			}
+			if tt.wantCode != codes.OK {
+				if !strings.Contains(err.Error(), "ResourceExhausted") {
+					t.Errorf("error %q does not name the last PodResources failure", err)
+				}
+				return
+			}
+			if got := f.podRes.callCount(); got != tt.wantCalls {
+				t.Errorf("PodResources calls = %d, want %d", got, tt.wantCalls)
+			}
+			if got := envValue(specEnv(f.readSpec(id)), EnvPod); got != "default/p" {
+				t.Errorf("spec %s = %q, want default/p", EnvPod, got)
+			}
+		})
+	}
+}
+
+// TestPreStartWaitsForTheView: the pod view may lag the kubelet; a pod
+// that shows up (with its allocation) within the budget is served.
+func TestPreStartWaitsForTheView(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	f.alloc.t.Budget = 10 * time.Second
+	id := DeviceID(gpuA, 5)
+	f.podRes.hold("default", "late", "main", id)
+	done := make(chan error, 1)
+	go func() { done <- f.preStart(id) }()
+	f.addPod(gpuPod("late", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 512, 0)), "main"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := envValue(specEnv(f.readSpec(id)), EnvPod); got != "default/late" {
+		t.Errorf("spec %s = %q, want default/late", EnvPod, got)
+	}
+}
+
+func TestPreStartBadIDs(t *testing.T) {
+	f := newHandoff(t, nil)
+	for _, ids := range [][]string{nil, {"nvidia0"}, {DeviceID("GPU-gone", 0)}} {
+		if err := f.preStart(ids...); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("preStart(%v) = %v, want InvalidArgument", ids, err)
+		}
+	}
+}
+
+func TestPluginOptions(t *testing.T) {
+	want := &pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true}
+	got, err := (&endpoint{}).GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want.String(), got.String()); diff != "" {
+		t.Errorf("options (-want +got):\n%s", diff)
+	}
+}
+
+func repeatCode(c codes.Code, n int) []codes.Code {
+	out := make([]codes.Code, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
+
+// readDirNames lists the names in dir.
+func readDirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}

@@ -1,0 +1,74 @@
+package extender
+
+import (
+	"fmt"
+	"testing"
+
+	"k8s.io/client-go/kubernetes/fake"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// benchScheduler is a Scheduler whose state holds nodes published nodes of
+// 8 A100s (80 GiB), each with two bound pods, fed straight into the state
+// as the informers would.
+func benchScheduler(b *testing.B, nodes int) (*Scheduler, []string) {
+	b.Helper()
+	s, err := New(testConfig(), Options{Client: fake.NewClientset(), Clock: clocktesting.NewFakePassiveClock(now)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, nodes)
+	for i := range nodes {
+		name := fmt.Sprintf("node-%05d", i)
+		names[i] = name
+		nb := vgputest.Node(name)
+		for g := range 8 {
+			nb.GPU(fmt.Sprintf("%s-GPU-%d", name, g), 81920)
+		}
+		inv := nb.Obj()
+		s.state.upsertNode(vgputest.PublishedNode(inv).Obj())
+		s.state.upsertLease(vgputest.HeartbeatLease(name, now).Obj())
+		for p := range 2 {
+			uuid := inv.GPUs[(i+p*3)%8].UUID
+			pod := boundPod(vgputest.Pod(fmt.Sprintf("%s-pod-%d", name, p)).Container("main").GPU(1).MemoryMiB(40960).Cores(50),
+				vgputest.Allocation(name).Container("main").Slice(uuid, 40960, 50).Obj())
+			if err := s.state.upsertPod(pod); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return s, names
+}
+
+// BenchmarkFilter filters one pod (1 GPU, 20 GiB, 30%) over 5,000 nodes of
+// 8 GPUs, as kube-scheduler does with nodeCacheCapable, without HTTP.
+func BenchmarkFilter(b *testing.B) {
+	s, names := benchScheduler(b, 5000)
+	pod := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(20480).Cores(30).Obj()
+	args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
+	ctx := b.Context()
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := s.Filter(ctx, args)
+		if err != nil || len(*res.NodeNames) != len(names) {
+			b.Fatalf("Filter: %v, %d nodes passed", err, len(*res.NodeNames))
+		}
+	}
+}
+
+// BenchmarkPrioritize scores the same pod over the same nodes.
+func BenchmarkPrioritize(b *testing.B) {
+	s, names := benchScheduler(b, 5000)
+	pod := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(20480).Cores(30).Obj()
+	args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
+	ctx := b.Context()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Prioritize(ctx, args); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

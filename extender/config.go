@@ -1,0 +1,177 @@
+package extender
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Defaults for Config, and the limits Validate enforces.
+const (
+	// DefaultAddress listens on every interface, on the port the extender's
+	// Service targets in the chart.
+	DefaultAddress = ":8888"
+	// DefaultHeartbeatMaxAge is a little more than the device plugin's
+	// default Lease duration (40 s), so one late renewal (every 10 s) does
+	// not turn a node away.
+	DefaultHeartbeatMaxAge = 60 * time.Second
+	// DefaultBindTimeout leaves room inside a kube-scheduler httpTimeout of
+	// 10 s (see docs/extender.md) for the request itself.
+	DefaultBindTimeout = 5 * time.Second
+	// MaxBindTimeout bounds BindTimeout: kube-scheduler's httpTimeout caps
+	// how long it waits anyway.
+	MaxBindTimeout = 5 * time.Minute
+	// MaxRequestBytes bounds a request body: a Filter call without
+	// nodeCacheCapable carries every candidate Node in full.
+	MaxRequestBytes = 16 << 20
+)
+
+// Config is the scheduler extender's configuration. Zero fields take the
+// defaults of DefaultConfig when read from a file; call Validate before use
+// (New does).
+type Config struct {
+	// Address is the host:port the HTTP(S) server listens on; an empty host
+	// means every interface.
+	Address string `json:"address"`
+	// HealthAddress, when set, is a second host:port serving only /healthz
+	// and /readyz over plain HTTP, for kubelet probes while Address stays
+	// on loopback or behind client certificates. Empty serves them on
+	// Address only.
+	HealthAddress string `json:"healthAddress,omitempty"`
+	// TLSCertFile is the PEM serving certificate (leaf first). Empty serves
+	// plain HTTP. When set, TLSKeyFile must be set too, and the pair is
+	// read again whenever either file changes.
+	TLSCertFile string `json:"tlsCertFile,omitempty"`
+	// TLSKeyFile is the PEM private key of TLSCertFile.
+	TLSKeyFile string `json:"tlsKeyFile,omitempty"`
+	// ClientCAFile, when set, is a PEM bundle of the CAs whose client
+	// certificates may call /filter, /prioritize and /bind (kube-scheduler's
+	// extender tlsConfig certFile and keyFile); other callers get 403.
+	// /healthz and /readyz stay open for probes. Requires TLSCertFile. Read
+	// once at start.
+	ClientCAFile string `json:"clientCAFile,omitempty"`
+	// NodePolicy ranks nodes for pods that set no hami.io/node-policy:
+	// binpack, spread or fragmentation.
+	NodePolicy vgpu.Policy `json:"nodePolicy"`
+	// GPUPolicy chooses GPUs inside a node for pods that set no
+	// hami.io/gpu-policy: binpack, spread or fragmentation.
+	GPUPolicy vgpu.Policy `json:"gpuPolicy"`
+	// HeartbeatMaxAge is how old the device plugin's heartbeat Lease
+	// renewTime may be before its node counts as "plugin not ready".
+	HeartbeatMaxAge metav1.Duration `json:"heartbeatMaxAge"`
+	// HeartbeatNamespace is where the device plugins keep their heartbeat
+	// Leases; it must match the plugins' heartbeatNamespace.
+	HeartbeatNamespace string `json:"heartbeatNamespace"`
+	// ResourceName is the extended resource the device plugins register;
+	// a node whose allocatable lacks it (or has 0) is "plugin not ready".
+	ResourceName string `json:"resourceName"`
+	// BindTimeout bounds one Bind call's API requests (read the pod, write
+	// the allocation, post the Binding). Keep it below the httpTimeout of
+	// kube-scheduler's extender configuration.
+	BindTimeout metav1.Duration `json:"bindTimeout"`
+}
+
+// DefaultConfig returns the configuration used when nothing is set: plain
+// HTTP on DefaultAddress, binpack for nodes and GPUs.
+func DefaultConfig() Config {
+	return Config{
+		Address:            DefaultAddress,
+		NodePolicy:         vgpu.PolicyBinpack,
+		GPUPolicy:          vgpu.PolicyBinpack,
+		HeartbeatMaxAge:    metav1.Duration{Duration: DefaultHeartbeatMaxAge},
+		HeartbeatNamespace: vgpu.DefaultHeartbeatNamespace,
+		ResourceName:       string(vgpu.ResourceGPU),
+		BindTimeout:        metav1.Duration{Duration: DefaultBindTimeout},
+	}
+}
+
+// LoadConfigFile reads a YAML or JSON file of Config fields over base:
+// fields the file leaves out keep base's values. Unknown fields are errors,
+// so a misspelt key is reported rather than ignored. It does not validate.
+func LoadConfigFile(path string, base Config) (Config, error) {
+	return configfile.Load(path, base)
+}
+
+// Validate checks every field and returns every problem at once
+// (errors.Join of *vgpu.FieldError), or nil. It does not read the
+// certificate files: the server does when it starts.
+func (c Config) Validate() error {
+	var errs []error
+	if err := validateAddress("address", c.Address); err != nil {
+		errs = append(errs, err)
+	}
+	if c.HealthAddress != "" {
+		if err := validateAddress("healthAddress", c.HealthAddress); err != nil {
+			errs = append(errs, err)
+		} else if c.HealthAddress == c.Address {
+			errs = append(errs, vgpu.InvalidField("healthAddress", c.HealthAddress, "must differ from address (empty serves /healthz and /readyz on address only)"))
+		}
+	}
+	switch {
+	case c.TLSCertFile != "" && c.TLSKeyFile == "":
+		errs = append(errs, vgpu.InvalidField("tlsKeyFile", "", "required when tlsCertFile is set: the PEM private key of the serving certificate"))
+	case c.TLSCertFile == "" && c.TLSKeyFile != "":
+		errs = append(errs, vgpu.InvalidField("tlsCertFile", "", "required when tlsKeyFile is set: the PEM serving certificate"))
+	}
+	if c.ClientCAFile != "" && c.TLSCertFile == "" {
+		errs = append(errs, vgpu.InvalidField("clientCAFile", c.ClientCAFile, "needs tlsCertFile and tlsKeyFile: client certificates are checked over HTTPS only"))
+	}
+	policies := make([]string, 0, len(vgpu.Policies()))
+	for _, p := range vgpu.Policies() {
+		policies = append(policies, string(p))
+	}
+	allowedPolicy := "must be one of " + strings.Join(policies, ", ")
+	if p, err := vgpu.ParsePolicy(string(c.NodePolicy)); err != nil || p == "" {
+		errs = append(errs, vgpu.InvalidField("nodePolicy", string(c.NodePolicy), allowedPolicy))
+	}
+	if p, err := vgpu.ParsePolicy(string(c.GPUPolicy)); err != nil || p == "" {
+		errs = append(errs, vgpu.InvalidField("gpuPolicy", string(c.GPUPolicy), allowedPolicy))
+	}
+	if c.HeartbeatMaxAge.Duration < time.Second {
+		errs = append(errs, vgpu.InvalidField("heartbeatMaxAge", c.HeartbeatMaxAge.String(), "must be a duration of at least 1s, longer than the device plugin's leaseRenew"))
+	}
+	if msgs := validation.IsDNS1123Label(c.HeartbeatNamespace); len(msgs) > 0 {
+		errs = append(errs, vgpu.InvalidField("heartbeatNamespace", c.HeartbeatNamespace, "must be a namespace name (lower-case letters, digits and '-'), the device plugins' heartbeatNamespace"))
+	}
+	if !validResourceName(c.ResourceName) {
+		errs = append(errs, vgpu.InvalidField("resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)"))
+	}
+	if d := c.BindTimeout.Duration; d < 100*time.Millisecond || d > MaxBindTimeout {
+		errs = append(errs, vgpu.InvalidField("bindTimeout", c.BindTimeout.String(), "must be a duration from 100ms to "+MaxBindTimeout.String()+", below kube-scheduler's extender httpTimeout"))
+	}
+	return errors.Join(errs...)
+}
+
+// validateAddress returns a *vgpu.FieldError for field unless addr is
+// host:port with a port from 0 to 65535 (0: any free port).
+func validateAddress(field, addr string) error {
+	const allowed = "must be host:port with a port from 0 to 65535, e.g. " + DefaultAddress + " (every interface) or 127.0.0.1:8888"
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return vgpu.InvalidField(field, addr, allowed)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return vgpu.InvalidField(field, addr, allowed)
+	}
+	return nil
+}
+
+func validResourceName(name string) bool {
+	domain, rest, ok := strings.Cut(name, "/")
+	if !ok || rest == "" || strings.Contains(rest, "/") {
+		return false
+	}
+	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || domain == "requests" {
+		return false
+	}
+	return len(validation.IsDNS1123Subdomain(domain)) == 0 && len(validation.IsQualifiedName(name)) == 0
+}

@@ -1,0 +1,197 @@
+package extender
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Reasons the extender turns a node away before it asks vgpu.Fit, beside
+// vgpu's own Fit reasons. Every one but ReasonNodeUnknown means the device
+// plugin is not serving the node, and its message starts with "plugin not
+// ready: ". Counted by Scheduler.Rejections.
+const (
+	// ReasonNodeUnknown: the node is not (yet) in the extender's cache.
+	ReasonNodeUnknown vgpu.Reason = "NodeUnknown"
+	// ReasonNoInventory: the Node has no inventory annotation.
+	ReasonNoInventory vgpu.Reason = "NoInventory"
+	// ReasonMalformedInventory: the inventory annotation does not parse,
+	// or names another node.
+	ReasonMalformedInventory vgpu.Reason = "MalformedInventory"
+	// ReasonReadyLabel: the ready label is missing or not "true".
+	ReasonReadyLabel vgpu.Reason = "ReadyLabel"
+	// ReasonNoAllocatable: the Node's allocatable resource is missing or 0.
+	ReasonNoAllocatable vgpu.Reason = "NoAllocatable"
+	// ReasonNoHeartbeat: no heartbeat Lease, or one without renewTime.
+	ReasonNoHeartbeat vgpu.Reason = "NoHeartbeat"
+	// ReasonStaleHeartbeat: the heartbeat Lease was renewed longer ago than
+	// Config.HeartbeatMaxAge.
+	ReasonStaleHeartbeat vgpu.Reason = "StaleHeartbeat"
+	// ReasonNotRegistered: the heartbeat says the plugin is not registered
+	// with the kubelet, or does not parse.
+	ReasonNotRegistered vgpu.Reason = "NotRegistered"
+)
+
+// notReady is the prefix of every message about a node whose device plugin
+// is not serving it.
+const notReady = "plugin not ready: "
+
+// parallelThreshold is the node count from which Filter and Prioritize
+// spread the nodes over the CPUs; chunkSize is how many nodes one worker
+// takes at a time.
+const (
+	parallelThreshold = 256
+	chunkSize         = 64
+)
+
+// demand is the pod being placed, read once per call.
+type demand struct {
+	uid types.UID
+	pod vgpu.PodDemand
+}
+
+// wantsGPU reports whether the pod asks for any GPU; pods that do not fit
+// every node and are never counted.
+func (d *demand) wantsGPU() bool { return len(d.pod.Request.Containers) > 0 }
+
+// demandOf reads pod's request and placement annotations. Its error names
+// the invalid values; the pod cannot be placed anywhere.
+func demandOf(pod *corev1.Pod) (demand, error) {
+	req, err := vgpu.RequestFromPod(pod)
+	if err != nil {
+		return demand{}, fmt.Errorf("pod %s/%s: invalid GPU request: %w", pod.Namespace, pod.Name, err)
+	}
+	c, err := vgpu.ConstraintsFromPod(pod)
+	if err != nil {
+		return demand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
+	}
+	return demand{uid: pod.UID, pod: vgpu.PodDemand{Request: req, Constraints: c}}, nil
+}
+
+// verdict is the outcome for one node.
+type verdict struct {
+	// fits is true when the pod fits; placement is then set.
+	fits      bool
+	placement vgpu.Placement
+	// reason and message say why not.
+	reason  vgpu.Reason
+	message string
+	// unresolvable is true when evicting pods cannot make the pod fit.
+	unresolvable bool
+}
+
+func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any) verdict {
+	return verdict{reason: reason, message: fmt.Sprintf(format, args...), unresolvable: unresolvable}
+}
+
+// evaluateLocked decides whether d fits node name now. Callers hold
+// st.mu (read or write). Messages do not name the node: kube-scheduler
+// counts equal messages together in the pod's FailedScheduling event.
+func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdict {
+	st := s.state
+	n := st.nodes[name]
+	if n == nil || !n.known {
+		return rejected(ReasonNodeUnknown, false, "node not in gpuslice-scheduler's cache yet")
+	}
+	if v, ok := s.readinessLocked(n, now); !ok {
+		return v
+	}
+	usage := &n.usage
+	if e := st.pods[d.uid]; e != nil && e.node == name {
+		// A pod's own earlier usage does not count against itself.
+		usage = n.usage.Clone()
+		usage.Remove(e.alloc, e.req)
+	}
+	p, err := vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, s.fitOptions)
+	if err != nil {
+		var fe *vgpu.FitError
+		if !errors.As(err, &fe) {
+			return rejected("", false, "%s", err.Error())
+		}
+		switch fe.Reason {
+		case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
+			return verdict{reason: fe.Reason, message: fe.Message, unresolvable: true}
+		}
+		return verdict{reason: fe.Reason, message: fe.Message}
+	}
+	return verdict{fits: true, placement: p}
+}
+
+// readinessLocked reports whether the device plugin serves node n: an
+// inventory, the ready label "true", allocatable GPUs and a fresh heartbeat
+// that says it is registered. Callers hold st.mu.
+func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool) {
+	switch {
+	case errors.Is(n.inventoryErr, errNoInventory):
+		return rejected(ReasonNoInventory, true, notReady+"%v", n.inventoryErr), false
+	case n.inventoryErr != nil:
+		return rejected(ReasonMalformedInventory, true, notReady+"%v", n.inventoryErr), false
+	case !n.hasReadyLabel:
+		return rejected(ReasonReadyLabel, true, notReady+"label %s is missing", vgpu.LabelGPUReady), false
+	}
+	if ready, err := vgpu.ParseReadyLabel(n.readyLabel); err != nil {
+		return rejected(ReasonReadyLabel, true, notReady+"label %s is %q (must be \"true\" or \"false\")", vgpu.LabelGPUReady, n.readyLabel), false
+	} else if !ready {
+		return rejected(ReasonReadyLabel, true, notReady+"label %s is %q", vgpu.LabelGPUReady, n.readyLabel), false
+	}
+	if n.allocatable <= 0 {
+		return rejected(ReasonNoAllocatable, true, notReady+"allocatable %s is 0", s.state.resourceName), false
+	}
+	l := s.state.leases[n.leaseName]
+	maxAge := s.cfg.HeartbeatMaxAge.Duration
+	switch {
+	case l == nil:
+		return rejected(ReasonNoHeartbeat, true, notReady+"no heartbeat Lease in namespace %s", s.cfg.HeartbeatNamespace), false
+	case l.renewTime.IsZero():
+		return rejected(ReasonNoHeartbeat, true, notReady+"heartbeat Lease has no renewTime"), false
+	case now.Sub(l.renewTime) > maxAge:
+		return rejected(ReasonStaleHeartbeat, true, notReady+"heartbeat Lease not renewed for more than %s", maxAge), false
+	case l.heartbeatErr != nil:
+		return rejected(ReasonNotRegistered, true, notReady+"%v", l.heartbeatErr), false
+	case l.raw != "" && !l.heartbeat.Registered:
+		return rejected(ReasonNotRegistered, true, notReady+"heartbeat says the device plugin is not registered with the kubelet"), false
+	}
+	return verdict{}, true
+}
+
+// evaluateAll calls fn(i, verdict) for each of names under one read lock,
+// spread over the CPUs when there are many. fn is called concurrently for
+// different i and must only write to slot i of its results.
+func (s *Scheduler) evaluateAll(names []string, d *demand, fn func(i int, v verdict)) {
+	now := s.clock.Now()
+	s.state.mu.RLock()
+	defer s.state.mu.RUnlock()
+	workers := min(runtime.GOMAXPROCS(0), (len(names)+chunkSize-1)/chunkSize)
+	if len(names) < parallelThreshold || workers < 2 {
+		for i, name := range names {
+			fn(i, s.evaluateLocked(name, d, now))
+		}
+		return
+	}
+	// The workers read the state under the read lock this goroutine holds
+	// until they are done.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				start := int(next.Add(chunkSize)) - chunkSize
+				if start >= len(names) {
+					return
+				}
+				for i := start; i < min(start+chunkSize, len(names)); i++ {
+					fn(i, s.evaluateLocked(names[i], d, now))
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -1,0 +1,141 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// ErrBadArgs is wrapped by the errors Filter, Prioritize and Bind return for
+// arguments no kube-scheduler sends (no pod, no node list, an empty name);
+// the HTTP layer answers 400 with the message.
+var ErrBadArgs = errors.New("bad extender arguments")
+
+// candidates returns the node names of args: NodeNames when kube-scheduler
+// runs with nodeCacheCapable, else the names of Nodes.
+func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
+	switch {
+	case args == nil || args.Pod == nil:
+		return nil, fmt.Errorf("%w: Pod is required", ErrBadArgs)
+	case args.NodeNames != nil:
+		return *args.NodeNames, nil
+	case args.Nodes != nil:
+		names := make([]string, len(args.Nodes.Items))
+		for i := range args.Nodes.Items {
+			names[i] = args.Nodes.Items[i].Name
+		}
+		return names, nil
+	}
+	return nil, fmt.Errorf("%w: one of NodeNames and Nodes is required", ErrBadArgs)
+}
+
+// Filter keeps the candidate nodes where the pod fits now, for
+// kube-scheduler's filterVerb. The answer has the same form as the
+// question: NodeNames when args had NodeNames (nodeCacheCapable), else
+// Nodes with the passing items of args.Nodes. Nodes turned away are in
+// FailedAndUnresolvableNodes when evicting pods cannot help (the device
+// plugin is not serving the node; too few healthy GPUs of the wanted model
+// or UUID), else in FailedNodes, each with a message for the pod's
+// FailedScheduling event. A pod with an invalid GPU request or placement
+// annotation gets Error and no node. A pod that asks for no GPU passes
+// every node.
+//
+// Filter reads the informers' state only (no API call), changes nothing but
+// the rejection counters and is safe to call concurrently. The error is
+// non-nil, wrapping ErrBadArgs, only for arguments kube-scheduler never
+// sends.
+func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (*extenderv1.ExtenderFilterResult, error) {
+	names, err := candidates(args)
+	if err != nil {
+		return nil, err
+	}
+	result := &extenderv1.ExtenderFilterResult{
+		FailedNodes:                extenderv1.FailedNodesMap{},
+		FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
+	}
+	d, err := demandOf(args.Pod)
+	if err != nil {
+		result.Error = err.Error()
+		return result, nil
+	}
+	verdicts := make([]verdict, len(names))
+	if d.wantsGPU() {
+		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
+	} else {
+		for i := range verdicts {
+			verdicts[i].fits = true
+		}
+	}
+	passed := make([]string, 0, len(names))
+	var items []corev1.Node
+	counts := map[vgpu.Reason]int64{}
+	for i, v := range verdicts {
+		switch {
+		case v.fits:
+			passed = append(passed, names[i])
+			if args.NodeNames == nil {
+				items = append(items, args.Nodes.Items[i])
+			}
+			continue
+		case v.unresolvable:
+			result.FailedAndUnresolvableNodes[names[i]] = v.message
+		default:
+			result.FailedNodes[names[i]] = v.message
+		}
+		counts[v.reason]++
+	}
+	s.rejections.add(counts)
+	if args.NodeNames != nil {
+		result.NodeNames = &passed
+	} else {
+		result.Nodes = &corev1.NodeList{Items: items}
+		if result.Nodes.Items == nil {
+			result.Nodes.Items = []corev1.Node{}
+		}
+	}
+	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "candidates", len(names), "passed", len(passed))
+	return result, nil
+}
+
+// Prioritize scores the candidate nodes for kube-scheduler's
+// prioritizeVerb, in the order of args: vgpu.Score of the pod's placement
+// under the node policy, scaled from 0..vgpu.MaxScore to
+// 0..extenderv1.MaxExtenderPriority. Nodes where the pod does not fit, and
+// every node for a pod that asks for no GPU or asks invalidly, score 0.
+// Like Filter it reads the informers' state only and is safe to call
+// concurrently; the error wraps ErrBadArgs.
+func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
+	names, err := candidates(args)
+	if err != nil {
+		return nil, err
+	}
+	list := make(extenderv1.HostPriorityList, len(names))
+	for i, name := range names {
+		list[i].Host = name
+	}
+	d, err := demandOf(args.Pod)
+	if err != nil || !d.wantsGPU() {
+		return list, nil
+	}
+	s.evaluateAll(names, &d, func(i int, v verdict) {
+		if v.fits {
+			list[i].Score = scaleScore(vgpu.Score(v.placement).Value)
+		}
+	})
+	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
+	return list, nil
+}
+
+// scaleScore maps 0..vgpu.MaxScore onto 0..extenderv1.MaxExtenderPriority,
+// rounding half up.
+func scaleScore(value int) int64 {
+	const maxScore = int64(vgpu.MaxScore)
+	v := min(max(int64(value), 0), maxScore)
+	return (v*extenderv1.MaxExtenderPriority + maxScore/2) / maxScore
+}

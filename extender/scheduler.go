@@ -1,0 +1,249 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Options are the Scheduler's injected parts.
+type Options struct {
+	// Client reaches the API server: informers on Nodes, Pods and heartbeat
+	// Leases, and Bind's requests. Required.
+	Client kubernetes.Interface
+	// Clock judges heartbeat age; nil means the real clock.
+	Clock clock.PassiveClock
+	// Workload is what the fragmentation policy measures against; nil
+	// means vgpu.DefaultWorkload(). It is only read.
+	Workload *vgpu.Workload
+}
+
+// Scheduler is the extender's logic: it keeps the cluster's GPU state from
+// informers and answers kube-scheduler's Filter, Prioritize and Bind. Its
+// methods are safe for concurrent use. Create it with New, then run
+// WatchCluster (or Run/Serve, which include it).
+type Scheduler struct {
+	cfg        Config
+	client     kubernetes.Interface
+	clock      clock.PassiveClock
+	fitOptions vgpu.FitOptions
+	state      *clusterState
+	bindLocks  keyedMutex
+	rejections rejectionCounts
+	// synced is set once the informers' first lists are handled.
+	synced atomic.Bool
+}
+
+// New returns a Scheduler for cfg, which it validates. It starts nothing.
+func New(cfg Config, opts Options) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Client == nil {
+		return nil, errors.New("extender: Options.Client is required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Workload == nil {
+		opts.Workload = vgpu.DefaultWorkload()
+	}
+	return &Scheduler{
+		cfg:    cfg,
+		client: opts.Client,
+		clock:  opts.Clock,
+		fitOptions: vgpu.FitOptions{
+			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
+		},
+		state: newClusterState(corev1.ResourceName(cfg.ResourceName)),
+	}, nil
+}
+
+// Ready reports whether the informers' caches have synced and their
+// contents are counted; before that the state may lack pods, so /readyz
+// answers 503.
+func (s *Scheduler) Ready() bool { return s.synced.Load() }
+
+// NodeUsage returns a copy of what the counted pods (bound, and reserved by
+// a Bind in progress) hold on node; empty for an unknown node.
+func (s *Scheduler) NodeUsage(node string) *vgpu.NodeUsage { return s.state.usageOf(node) }
+
+// Rejections returns how many times, since start, Filter turned a node
+// away, by reason: the vgpu Fit reasons and this package's Reason
+// constants.
+func (s *Scheduler) Rejections() map[vgpu.Reason]int64 { return s.rejections.snapshot() }
+
+// WatchCluster runs the informers on Nodes, Pods and the heartbeat Leases
+// (in Config.HeartbeatNamespace) until ctx ends, keeping the state that
+// Filter, Prioritize and Bind read; Ready turns true once their first
+// lists are handled. It returns nil when ctx ends, or an error when ctx
+// ends before the caches synced. Call it once.
+func (s *Scheduler) WatchCluster(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("informers")
+	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
+	leases := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithNamespace(s.cfg.HeartbeatNamespace), informers.WithTransform(trim))
+	defer cluster.Shutdown()
+	defer leases.Shutdown()
+
+	st := s.state
+	var regs []cache.ResourceEventHandlerRegistration
+	register := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandlerFuncs) error {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			return fmt.Errorf("informer handler: %w", err)
+		}
+		regs = append(regs, reg)
+		return nil
+	}
+	err := errors.Join(
+		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNode, func(n *corev1.Node) { st.deleteNode(n.Name) })),
+		register(cluster.Core().V1().Pods().Informer(), handlers(func(p *corev1.Pod) {
+			if err := st.upsertPod(p); err != nil {
+				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(p), "node", p.Spec.NodeName, "err", err.Error())
+			}
+		}, func(p *corev1.Pod) { st.deletePod(p.UID) })),
+		register(leases.Coordination().V1().Leases().Informer(), handlers(st.upsertLease, func(l *coordinationv1.Lease) { st.deleteLease(l.Name) })),
+	)
+	if err != nil {
+		return err
+	}
+	cluster.Start(ctx.Done())
+	leases.Start(ctx.Done())
+	synced := make([]cache.InformerSynced, 0, len(regs))
+	for _, r := range regs {
+		synced = append(synced, r.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
+	}
+	s.synced.Store(true)
+	logger.Info("Informer caches synced; ready")
+	<-ctx.Done()
+	s.synced.Store(false)
+	return nil
+}
+
+// handlers adapts typed add/update and delete functions to an informer,
+// unwrapping the tombstones of deletes the watch missed.
+func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if o, ok := obj.(T); ok {
+				upsert(o)
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if o, ok := obj.(T); ok {
+				upsert(o)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if o, ok := obj.(T); ok {
+				remove(o)
+			}
+		},
+	}
+}
+
+// trim drops from informer objects what the extender never reads, to keep
+// a cluster-wide pod cache small: managed fields everywhere, and of a Pod
+// all but its identity, annotations, node, containers' names and
+// resources, init containers' restart policy and phase.
+func trim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: o.Name, Namespace: o.Namespace, UID: o.UID,
+				ResourceVersion: o.ResourceVersion, Annotations: o.Annotations,
+				DeletionTimestamp: o.DeletionTimestamp,
+			},
+			Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
+			Status: corev1.PodStatus{Phase: o.Status.Phase},
+		}
+		p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
+		p.Spec.Containers = trimContainers(o.Spec.Containers)
+		return p, nil
+	case metav1.Object:
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func trimContainers(cs []corev1.Container) []corev1.Container {
+	if cs == nil {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy}
+	}
+	return out
+}
+
+// keyedMutex is one mutex per key, created on first use and kept (one per
+// node). Binds to different nodes never wait on each other.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+// lock locks key's mutex and returns its unlock function.
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*sync.Mutex{}
+	}
+	m := k.locks[key]
+	if m == nil {
+		m = &sync.Mutex{}
+		k.locks[key] = m
+	}
+	k.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// rejectionCounts counts Filter's rejections by reason.
+type rejectionCounts struct {
+	mu     sync.Mutex
+	counts map[vgpu.Reason]int64
+}
+
+func (r *rejectionCounts) add(counts map[vgpu.Reason]int64) {
+	if len(counts) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.counts == nil {
+		r.counts = map[vgpu.Reason]int64{}
+	}
+	for reason, n := range counts {
+		r.counts[reason] += n
+	}
+}
+
+func (r *rejectionCounts) snapshot() map[vgpu.Reason]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.counts)
+}

@@ -1,0 +1,149 @@
+package extender
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+
+	"github.com/gorilla/mux"
+)
+
+// Handler returns the extender's HTTP API: POST /filter, /prioritize and
+// /bind take and return the k8s.io/kube-scheduler/extender/v1 types as JSON
+// (Go field names as keys); GET /healthz answers 200 while the process
+// serves; GET /readyz answers 200 once the informers synced, else 503.
+// A body that is empty, not one JSON value of the right shape, of another
+// Content-Type, or without the arguments kube-scheduler always sends gets
+// 400 with a plain-text message; a body above MaxRequestBytes gets 413; a
+// wrong method gets 405. With Config.ClientCAFile, the three POST endpoints
+// answer 403 to callers without a verified client certificate.
+func (s *Scheduler) Handler() http.Handler {
+	r := mux.NewRouter()
+	r.Handle("/filter", s.authorized(jsonEndpoint(s.Filter))).Methods(http.MethodPost)
+	r.Handle("/prioritize", s.authorized(jsonEndpoint(s.Prioritize))).Methods(http.MethodPost)
+	r.Handle("/bind", s.authorized(jsonEndpoint(s.Bind))).Methods(http.MethodPost)
+	s.healthRoutes(r)
+	return r
+}
+
+// healthHandler serves /healthz and /readyz only, on Config.HealthAddress.
+func (s *Scheduler) healthHandler() http.Handler {
+	r := mux.NewRouter()
+	s.healthRoutes(r)
+	return r
+}
+
+// healthRoutes adds /healthz, /readyz and the 404 and 405 answers to r.
+func (s *Scheduler) healthRoutes(r *mux.Router) {
+	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		plain(w, http.StatusOK, "ok")
+	}).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			plain(w, http.StatusServiceUnavailable, "informer caches not synced")
+			return
+		}
+		plain(w, http.StatusOK, "ok")
+	}).Methods(http.MethodGet, http.MethodHead)
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		plain(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", req.Method, req.URL.Path))
+	})
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		plain(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s", req.URL.Path))
+	})
+}
+
+// authorized lets a request through when Config.ClientCAFile is unset, or
+// when the caller presented a client certificate that verified against it.
+func (s *Scheduler) authorized(next http.Handler) http.Handler {
+	if s.cfg.ClientCAFile == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			plain(w, http.StatusForbidden, "a client certificate signed by the configured clientCAFile is required")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loadCAs reads a PEM bundle of CA certificates.
+func loadCAs(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // G304: the operator names the file.
+	if err != nil {
+		return nil, fmt.Errorf("client CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("client CA file %s: no PEM certificate found", path)
+	}
+	return pool, nil
+}
+
+// jsonEndpoint adapts a Scheduler method to HTTP: decode In, call, encode
+// the result.
+func jsonEndpoint[In, Out any](call func(context.Context, *In) (Out, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in In
+		if status, err := decode(w, r, &in); err != nil {
+			plain(w, status, err.Error())
+			return
+		}
+		out, err := call(r.Context(), &in)
+		if err != nil {
+			status := http.StatusInternalServerError
+			if errors.Is(err, ErrBadArgs) {
+				status = http.StatusBadRequest
+			}
+			plain(w, status, err.Error())
+			return
+		}
+		body, err := json.Marshal(out)
+		if err != nil {
+			plain(w, http.StatusInternalServerError, "encode response: "+err.Error())
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body)
+	})
+}
+
+// decode reads exactly one JSON value of at most MaxRequestBytes into v.
+// On failure it returns the status to answer with.
+func decode(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return http.StatusBadRequest, fmt.Errorf("Content-Type %q: must be application/json", ct)
+		}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err := dec.Decode(v); err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			return http.StatusRequestEntityTooLarge, fmt.Errorf("request body above %d bytes", tooLarge.Limit)
+		case errors.Is(err, io.EOF):
+			return http.StatusBadRequest, errors.New("empty request body: expected a JSON object")
+		}
+		return http.StatusBadRequest, fmt.Errorf("malformed request body: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return http.StatusBadRequest, errors.New("malformed request body: more than one JSON value")
+	}
+	return 0, nil
+}
+
+func plain(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, msg+"\n") //nolint:gosec // G705: text/plain with nosniff is never rendered as HTML.
+}

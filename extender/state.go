@@ -1,0 +1,288 @@
+package extender
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// errNoInventory marks a Node without the inventory annotation.
+var errNoInventory = errors.New("no " + vgpu.AnnotationNodeInventory + " annotation on the node")
+
+// clusterState is what the informers have told the extender, kept parsed so
+// that Filter and Prioritize read it without decoding anything. All fields
+// are guarded by mu: informer handlers and reservations write under the
+// write lock; Filter, Prioritize and Bind's fit check read under the read
+// lock and never copy it.
+type clusterState struct {
+	mu sync.RWMutex
+	// resourceName is the extended resource whose allocatable is checked.
+	resourceName corev1.ResourceName
+	// nodes by Node name. An entry is created by the first Node or pod
+	// event that names it and never removed, so pointers stay valid: a
+	// deleted Node is marked unknown and keeps the usage of pods that
+	// still name it.
+	nodes map[string]*nodeState
+	// pods holds every pod counted in some node's usage, by UID.
+	pods map[types.UID]*podEntry
+	// leases are the heartbeat Leases by name.
+	leases map[string]*leaseState
+}
+
+// nodeState is one node as the extender sees it.
+type nodeState struct {
+	name string
+	// leaseName is vgpu.HeartbeatLeaseName(name), computed once.
+	leaseName string
+	// known is true while the Node object exists.
+	known bool
+	// rawInventory is the annotation value inventory and inventoryErr were
+	// parsed from; parsing happens only when it changes.
+	rawInventory string
+	inventory    vgpu.NodeInventory
+	inventoryErr error
+	// readyLabel is the LabelGPUReady value; hasReadyLabel is false when
+	// the label is missing.
+	readyLabel    string
+	hasReadyLabel bool
+	// allocatable is the Node's allocatable resourceName, 0 when missing.
+	allocatable int64
+	// usage is what the counted pods (bound and reserved) hold.
+	usage vgpu.NodeUsage
+	// gen changes whenever usage changes, so a bind can tell whether what
+	// it checked under the read lock is still current.
+	gen uint64
+}
+
+// podEntry is one pod counted in a node's usage.
+type podEntry struct {
+	uid       types.UID
+	namespace string
+	name      string
+	node      string
+	// raw is the allocation annotation value alloc was parsed from.
+	raw   string
+	alloc vgpu.PodAllocation
+	req   vgpu.PodRequest
+	// reserved is true from Bind's reservation until the informer sees the
+	// pod bound with this allocation; then the entry counts as bound.
+	reserved bool
+}
+
+// leaseState is a heartbeat Lease as the extender needs it.
+type leaseState struct {
+	renewTime time.Time // zero when the Lease has no renewTime
+	// raw is the heartbeat annotation value; heartbeat and heartbeatErr
+	// were parsed from it, only when it changed.
+	raw          string
+	heartbeat    vgpu.PluginHeartbeat
+	heartbeatErr error
+}
+
+func newClusterState(resourceName corev1.ResourceName) *clusterState {
+	return &clusterState{
+		resourceName: resourceName,
+		nodes:        map[string]*nodeState{},
+		pods:         map[types.UID]*podEntry{},
+		leases:       map[string]*leaseState{},
+	}
+}
+
+// nodeLocked returns the state of node name, creating it. Callers hold the
+// write lock.
+func (st *clusterState) nodeLocked(name string) *nodeState {
+	n := st.nodes[name]
+	if n == nil {
+		n = &nodeState{name: name, leaseName: vgpu.HeartbeatLeaseName(name)}
+		st.nodes[name] = n
+	}
+	return n
+}
+
+// upsertNode records a Node added or updated. The inventory is parsed only
+// when its annotation changed.
+func (st *clusterState) upsertNode(node *corev1.Node) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := st.nodeLocked(node.Name)
+	n.known = true
+	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
+	switch {
+	case !has:
+		n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
+	case raw != n.rawInventory || errors.Is(n.inventoryErr, errNoInventory):
+		inv, err := vgpu.ParseNodeInventory(raw)
+		if err == nil && inv.Node != node.Name {
+			err = fmt.Errorf("%s names node %q", vgpu.AnnotationNodeInventory, inv.Node)
+			inv = vgpu.NodeInventory{}
+		}
+		n.rawInventory, n.inventory, n.inventoryErr = raw, inv, err
+	}
+	n.readyLabel, n.hasReadyLabel = node.Labels[vgpu.LabelGPUReady]
+	n.allocatable = 0
+	if q, ok := node.Status.Allocatable[st.resourceName]; ok {
+		n.allocatable = q.Value()
+	}
+}
+
+// deleteNode records a Node deleted. Its usage stays until its pods go.
+func (st *clusterState) deleteNode(name string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := st.nodes[name]
+	if n == nil {
+		return
+	}
+	n.known = false
+	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
+	n.readyLabel, n.hasReadyLabel, n.allocatable = "", false, 0
+}
+
+// upsertLease records a heartbeat Lease added or updated.
+func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	l := st.leases[lease.Name]
+	if l == nil {
+		l = &leaseState{}
+		st.leases[lease.Name] = l
+	}
+	l.renewTime = time.Time{}
+	if lease.Spec.RenewTime != nil {
+		l.renewTime = lease.Spec.RenewTime.Time
+	}
+	raw := lease.Annotations[vgpu.AnnotationPluginHeartbeat]
+	if raw != l.raw || (raw == "" && l.heartbeatErr == nil) {
+		l.raw = raw
+		l.heartbeat, l.heartbeatErr = vgpu.PluginHeartbeat{}, nil
+		if raw != "" {
+			l.heartbeat, l.heartbeatErr = vgpu.ParsePluginHeartbeat(raw)
+		}
+	}
+}
+
+// deleteLease records a heartbeat Lease deleted.
+func (st *clusterState) deleteLease(name string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	delete(st.leases, name)
+}
+
+// upsertPod records a pod added or updated. A pod counts when it is not
+// terminal, is bound (spec.nodeName) and carries a valid allocation for
+// that node; a reservation made by Bind keeps counting while the pod is
+// still unbound. It returns an error to log when the pod carries an
+// allocation that is not counted because it is malformed.
+func (st *clusterState) upsertPod(pod *corev1.Pod) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	old := st.pods[pod.UID]
+	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
+	node := pod.Spec.NodeName
+	switch {
+	case terminal:
+		st.removeLocked(old)
+		return nil
+	case node == "":
+		// Unbound: only Bind's own reservation counts, until it is
+		// confirmed or released.
+		if old != nil && !old.reserved {
+			st.removeLocked(old)
+		}
+		return nil
+	case !hasAlloc:
+		st.removeLocked(old)
+		return nil
+	case old != nil && old.node == node && old.raw == raw:
+		old.reserved = false // bound as reserved: same usage
+		return nil
+	}
+	st.removeLocked(old)
+	alloc, err := vgpu.ParsePodAllocation(raw)
+	if err != nil {
+		return err
+	}
+	if alloc.Node != node {
+		return fmt.Errorf("%s names node %q but the pod is bound to %q", vgpu.AnnotationPodAllocation, alloc.Node, node)
+	}
+	// The request tells sidecars from regular init containers; a pod spec
+	// vgpu rejects counts with the safe zero request (see NodeUsage.Add).
+	req, _ := vgpu.RequestFromPod(pod)
+	st.addLocked(&podEntry{
+		uid: pod.UID, namespace: pod.Namespace, name: pod.Name,
+		node: node, raw: raw, alloc: alloc, req: req,
+	})
+	return nil
+}
+
+// deletePod records a pod deleted: whatever it held, bound or reserved, is
+// free again.
+func (st *clusterState) deletePod(uid types.UID) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.removeLocked(st.pods[uid])
+}
+
+// addLocked counts e on its node. Callers hold the write lock.
+func (st *clusterState) addLocked(e *podEntry) {
+	n := st.nodeLocked(e.node)
+	n.usage.Add(e.alloc, e.req)
+	n.gen++
+	st.pods[e.uid] = e
+}
+
+// removeLocked stops counting e, if it is still counted. Callers hold the
+// write lock.
+func (st *clusterState) removeLocked(e *podEntry) {
+	if e == nil || st.pods[e.uid] != e {
+		return
+	}
+	n := st.nodes[e.node]
+	n.usage.Remove(e.alloc, e.req)
+	n.gen++
+	delete(st.pods, e.uid)
+}
+
+// release drops a reservation made by Bind, unless the informer already
+// replaced it or saw the pod bound with it. It reports whether it did.
+func (st *clusterState) release(e *podEntry) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.pods[e.uid] != e || !e.reserved {
+		return false
+	}
+	st.removeLocked(e)
+	return true
+}
+
+// usageOf returns a copy of node's usage, for tests and debugging.
+func (st *clusterState) usageOf(node string) *vgpu.NodeUsage {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	n := st.nodes[node]
+	if n == nil {
+		return &vgpu.NodeUsage{}
+	}
+	return n.usage.Clone()
+}
+
+// reservations returns how many pods are counted from a reservation.
+func (st *clusterState) reservations() int {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	count := 0
+	for _, e := range st.pods {
+		if e.reserved {
+			count++
+		}
+	}
+	return count
+}

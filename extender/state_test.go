@@ -1,0 +1,178 @@
+package extender
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// TestUpsertPod checks which pods count, event by event: a slice of
+// 1000 MiB on n1-GPU-0 is the pod's allocation throughout.
+func TestUpsertPod(t *testing.T) {
+	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 10).Obj()
+	raw, err := vgpu.EncodePodAllocation(alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10)
+	unbound := base.Obj()
+	annotated := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10).Annotation(vgpu.AnnotationPodAllocation, raw).Obj()
+	bound := boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10), alloc)
+	succeeded := bound.DeepCopy()
+	succeeded.Status.Phase = corev1.PodSucceeded
+	elsewhere := bound.DeepCopy()
+	elsewhere.Spec.NodeName = "n2"
+	malformed := bound.DeepCopy()
+	malformed.Annotations[vgpu.AnnotationPodAllocation] = "{"
+	noAlloc := bound.DeepCopy()
+	delete(noAlloc.Annotations, vgpu.AnnotationPodAllocation)
+	slice := vgpu.GPUUsage{MemoryMiB: 1000, CoresPercent: 10, Slices: 1}
+
+	tests := []struct {
+		name          string
+		reserved      bool // start with Bind's reservation of alloc
+		events        []*corev1.Pod
+		want          vgpu.GPUUsage
+		wantErr       bool
+		stillReserved bool // a reservation is still counted at the end
+	}{
+		{name: "bound pod counts", events: []*corev1.Pod{bound}, want: slice},
+		{name: "bound twice counts once", events: []*corev1.Pod{bound, bound}, want: slice},
+		{name: "unbound pod with allocation does not count", events: []*corev1.Pod{annotated}},
+		{name: "unbound pod without allocation", events: []*corev1.Pod{unbound}},
+		{name: "terminal pod stops counting", events: []*corev1.Pod{bound, succeeded}},
+		{name: "malformed allocation", events: []*corev1.Pod{malformed}, wantErr: true},
+		{name: "allocation for another node", events: []*corev1.Pod{elsewhere}, wantErr: true},
+		{name: "allocation removed", events: []*corev1.Pod{bound, noAlloc}},
+		{name: "reservation kept while unbound", reserved: true, events: []*corev1.Pod{unbound, annotated}, want: slice, stillReserved: true},
+		{name: "reservation confirmed by binding", reserved: true, events: []*corev1.Pod{annotated, bound}, want: slice},
+		{name: "reservation replaced by another binder", reserved: true, events: []*corev1.Pod{noAlloc}},
+		{name: "reservation dropped when terminal", reserved: true, events: []*corev1.Pod{succeeded}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newClusterState(vgpu.ResourceGPU)
+			if tt.reserved {
+				st.mu.Lock()
+				st.addLocked(&podEntry{uid: unbound.UID, node: "n1", raw: raw, alloc: alloc, req: base.PodRequest(), reserved: true})
+				st.mu.Unlock()
+			}
+			var err error
+			for _, p := range tt.events {
+				if e := st.upsertPod(p); e != nil {
+					err = e
+				}
+			}
+			if (err != nil) != tt.wantErr {
+				t.Errorf("error %v, want error %t", err, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, st.usageOf("n1").GPU("n1-GPU-0")); diff != "" {
+				t.Errorf("usage (-want +got):\n%s", diff)
+			}
+			if got := st.reservations() == 1; got != tt.stillReserved {
+				t.Errorf("reservation left %t, want %t", got, tt.stillReserved)
+			}
+			st.deletePod(unbound.UID)
+			if u := st.usageOf("n1").GPU("n1-GPU-0"); u != (vgpu.GPUUsage{}) {
+				t.Errorf("usage after delete: %+v", u)
+			}
+		})
+	}
+}
+
+// TestRelease checks that releasing a reservation undoes it once, and never
+// undoes a confirmed one.
+func TestRelease(t *testing.T) {
+	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 0).Obj()
+	raw, _ := vgpu.EncodePodAllocation(alloc)
+	st := newClusterState(vgpu.ResourceGPU)
+	e := &podEntry{uid: "u", node: "n1", raw: raw, alloc: alloc, reserved: true}
+	st.mu.Lock()
+	st.addLocked(e)
+	st.mu.Unlock()
+	if !st.release(e) || st.release(e) {
+		t.Error("release: want true once, then false")
+	}
+	confirmed := &podEntry{uid: "uid-p", node: "n1", raw: raw, alloc: alloc, reserved: true}
+	st.mu.Lock()
+	st.addLocked(confirmed)
+	st.mu.Unlock()
+	if err := st.upsertPod(boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000), alloc)); err != nil {
+		t.Fatal(err)
+	}
+	if st.release(confirmed) {
+		t.Error("released a reservation the informer had confirmed")
+	}
+	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 1000 {
+		t.Errorf("usage %d MiB, want 1000", got)
+	}
+}
+
+// TestRestart checks that a Scheduler started afresh counts exactly what
+// the pods' annotations say, after binds, a deletion and a pod that ended.
+func TestRestart(t *testing.T) {
+	inv, n1 := gpuNode("n1", 2, 16384)
+	var pods []runtime.Object
+	for i := range 6 {
+		pods = append(pods, vgputest.Pod(string(rune('a'+i))).Container("main").GPU(1).MemoryMiB(2048).Cores(10).Obj())
+	}
+	e := newEnv(t, testConfig(), objects(n1, pods)...)
+	for _, p := range pods {
+		if r := e.bind(p.(*corev1.Pod), "n1"); r.Error != "" {
+			t.Fatalf("bind: %s", r.Error)
+		}
+	}
+	e.settled()
+	ctx := t.Context()
+	if err := e.client.CoreV1().Pods("default").Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.getPod(pods[1].(*corev1.Pod))
+	done.Status.Phase = corev1.PodSucceeded
+	if _, err := e.client.CoreV1().Pods("default").UpdateStatus(ctx, done, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Four pods of 2048 MiB and 10% remain, placed by binpack on GPU-0.
+	want := map[string]vgpu.GPUUsage{"n1-GPU-0": {MemoryMiB: 4 * 2048, CoresPercent: 40, Slices: 4}}
+	waitFor(t, "deletion and completion counted", func() bool { return cmp.Equal(want, usageTable(e.s, inv)) })
+
+	restarted := startEnv(t, testConfig(), e.client)
+	if diff := cmp.Diff(want, usageTable(restarted.s, inv)); diff != "" {
+		t.Errorf("after restart (-want +got):\n%s", diff)
+	}
+}
+
+// TestTrim checks that the trimmed pod the informer keeps reads the same
+// request, constraints and allocation as the full pod.
+func TestTrim(t *testing.T) {
+	alloc := vgputest.Allocation("n1").InitContainer("side").Slice("n1-GPU-0", 1000, 0).Container("main").Slice("n1-GPU-0", 2000, 10).Obj()
+	pod := boundPod(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUModel, "A100").
+		Sidecar("side").GPU(1).MemoryMiB(1000).
+		Container("main").GPU(1).MemoryMiB(2000).Cores(10), alloc)
+	pod.Labels = map[string]string{"app": "x"}
+	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}}
+	pod.Status.Phase = corev1.PodRunning
+	obj, err := trim(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := obj.(*corev1.Pod)
+	want, _ := demandOf(pod)
+	got, _ := demandOf(trimmed)
+	if diff := cmp.Diff(want.pod, got.pod); diff != "" || want.uid != got.uid {
+		t.Errorf("demand (-full +trimmed):\n%s", diff)
+	}
+	if trimmed.UID != pod.UID || trimmed.Spec.NodeName != "n1" || trimmed.Status.Phase != corev1.PodRunning ||
+		trimmed.Annotations[vgpu.AnnotationPodAllocation] != pod.Annotations[vgpu.AnnotationPodAllocation] {
+		t.Errorf("trimmed pod lost what the extender reads: %+v", trimmed)
+	}
+	if trimmed.Labels != nil || trimmed.Spec.Containers[0].Env != nil {
+		t.Errorf("trimmed pod kept labels or env: %+v", trimmed)
+	}
+}

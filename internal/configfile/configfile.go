@@ -1,0 +1,58 @@
+// Package configfile reads a component's configuration from a YAML or JSON
+// file and layers its command-line flags over it, the same way for every
+// gpuslice binary: defaults, then the file, then the flags given.
+package configfile
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Load reads the YAML or JSON file at path over base: fields the file sets
+// replace base's (a list replaces base's list), fields it leaves out keep
+// base's values. Unknown fields are an error naming the field, so a misspelt
+// key is reported rather than ignored. It does not validate the result.
+func Load[T any](path string, base T) (T, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // G304: the operator names the file.
+	if err != nil {
+		return base, fmt.Errorf("config file: %w", err)
+	}
+	cfg := base
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return base, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse parses args into fs, whose flags are bound to the fields of *cfg.
+// When *file names a file after parsing, the file is read over defaults, the
+// result replaces *cfg, and every flag given on the command line is applied
+// again: flags override the file, which overrides the defaults. Positional
+// arguments are an error. It does not validate the result.
+func Parse[T any](fs *flag.FlagSet, args []string, cfg *T, defaults T, file *string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	if *file == "" {
+		return nil
+	}
+	set := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+	loaded, err := Load(*file, defaults)
+	if err != nil {
+		return err
+	}
+	*cfg = loaded
+	for name, value := range set {
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("--%s: %w", name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+package configfile
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+type testConfig struct {
+	Name  string   `json:"name"`
+	Count int      `json:"count"`
+	List  []string `json:"list,omitempty"`
+}
+
+// TestParse checks the order of precedence (defaults, then the file, then
+// the flags given) and the errors for a bad file or a positional argument.
+func TestParse(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "name: file\ncount: 3\nlist: [x]\n")
+	unknown := write("unknown.yaml", "name: file\ncolour: blue\n")
+	defaults := testConfig{Name: "default", Count: 1, List: []string{"a", "b"}}
+	cases := []struct {
+		name    string
+		args    func() []string
+		want    testConfig
+		wantErr string
+	}{
+		{name: "defaults", args: func() []string { return nil }, want: defaults},
+		{name: "flag only", args: func() []string { return []string{"--count=7"} }, want: testConfig{Name: "default", Count: 7, List: []string{"a", "b"}}},
+		{name: "file over defaults, list replaced", args: func() []string { return []string{"--config=" + good} }, want: testConfig{Name: "file", Count: 3, List: []string{"x"}}},
+		{name: "flag over file, before or after --config", args: func() []string { return []string{"--name=flag", "--config=" + good} }, want: testConfig{Name: "flag", Count: 3, List: []string{"x"}}},
+		{name: "unknown field", args: func() []string { return []string{"--config=" + unknown} }, wantErr: "colour"},
+		{name: "missing file", args: func() []string { return []string{"--config=" + filepath.Join(dir, "none.yaml")} }, wantErr: "no such file"},
+		{name: "positional argument", args: func() []string { return []string{"extra"} }, wantErr: `unexpected argument "extra"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaults
+			cfg.List = append([]string(nil), defaults.List...)
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			file := fs.String("config", "", "")
+			fs.StringVar(&cfg.Name, "name", cfg.Name, "")
+			fs.IntVar(&cfg.Count, "count", cfg.Count, "")
+			err := Parse(fs, tc.args(), &cfg, defaults, file)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Parse error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, cfg); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -1,0 +1,236 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certutil "k8s.io/client-go/util/cert"
+)
+
+// Names of the gpuslice control-plane parts the cluster runs.
+const (
+	// SchedulerName is the kube-scheduler profile that calls the gpuslice extender; the webhook
+	// steers GPU pods to it.
+	SchedulerName = "gpuslice-scheduler"
+	// WebhookConfigName is the MutatingWebhookConfiguration the cluster creates.
+	WebhookConfigName = "gpuslice-webhook"
+	// ExtenderName and WebhookName are the process names of the extender and the webhook.
+	ExtenderName = "gpuslice-scheduler"
+	WebhookName  = "gpuslice-webhook"
+)
+
+// managedResources are the extender's resources. All four are ignored by the scheduler's own
+// resource fit: gpumem, gpumem-percentage and gpucores exist only for the extender (FIELD.md §2),
+// and hami.io/gpu is judged by the extender too, which checks the same allocatable and also says
+// why a node cannot take the pod ("plugin not ready: ...") instead of "Insufficient hami.io/gpu".
+var managedResources = []struct {
+	name    corev1.ResourceName
+	ignored bool
+}{
+	{"hami.io/gpu", true},
+	{"hami.io/gpumem", true},
+	{"hami.io/gpumem-percentage", true},
+	{"hami.io/gpucores", true},
+}
+
+// schedulerConfig renders the KubeSchedulerConfiguration: the stock profile, the gpuslice profile,
+// and the extender (shared by both, as extenders are; managedResources keeps non-GPU pods away).
+func schedulerConfig(kubeconfig string, extenderPort int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %q
+  qps: 500
+  burst: 1000
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+- schedulerName: %s
+extenders:
+- urlPrefix: http://127.0.0.1:%d
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 1
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  managedResources:
+`, kubeconfig, SchedulerName, extenderPort)
+	for _, r := range managedResources {
+		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: %t\n", r.name, r.ignored)
+	}
+	return b.String()
+}
+
+// startExtender starts the gpuslice scheduler extender on a free loopback port and waits for its
+// /readyz (informers synced). It returns the port.
+func (c *Cluster) startExtender(ctx context.Context, extraArgs []string) (int, error) {
+	port, err := freePort()
+	if err != nil {
+		return 0, err
+	}
+	dir := filepath.Join(c.State.Dir, ExtenderName)
+	args := append([]string{
+		"--address=127.0.0.1:" + strconv.Itoa(port),
+		"--kubeconfig=" + c.State.Kubeconfig,
+		"--v=2",
+	}, extraArgs...)
+	p, err := c.start(ExtenderName, c.State.ExtenderPath, args, dir)
+	if err != nil {
+		return 0, err
+	}
+	c.State.ExtenderPort = port
+	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/readyz"
+	return port, c.waitFor(ctx, "gpuslice extender /readyz", []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, http.DefaultClient, url), nil
+	})
+}
+
+// RestartExtender stops the extender and starts it again on the same port with the same flags,
+// waiting for /readyz.
+func (c *Cluster) RestartExtender(ctx context.Context) error {
+	p := c.process(ExtenderName)
+	if p == nil {
+		return errors.New("no extender is running")
+	}
+	if err := p.Stop(); err != nil {
+		return err
+	}
+	dir := filepath.Join(c.State.Dir, ExtenderName)
+	np, err := c.start(ExtenderName, c.State.ExtenderPath, p.Args, dir)
+	if err != nil {
+		return err
+	}
+	url := "http://127.0.0.1:" + strconv.Itoa(c.State.ExtenderPort) + "/readyz"
+	return c.waitFor(ctx, "gpuslice extender /readyz after restart", []*Process{np}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, http.DefaultClient, url), nil
+	})
+}
+
+// ExtenderURL returns the extender's base URL.
+func (c *Cluster) ExtenderURL() string {
+	return "http://127.0.0.1:" + strconv.Itoa(c.State.ExtenderPort)
+}
+
+// WebhookURL returns the webhook's base URL (HTTPS, serving certificate in State.WebhookCA).
+func (c *Cluster) WebhookURL() string {
+	return "https://127.0.0.1:" + strconv.Itoa(c.State.WebhookPort)
+}
+
+// startWebhook makes a serving certificate for 127.0.0.1, starts the gpuslice webhook with it,
+// waits for its /readyz, registers it with a MutatingWebhookConfiguration and waits until the
+// API server calls it.
+func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.State.Dir, WebhookName)
+	pki := filepath.Join(dir, "pki")
+	if err := os.MkdirAll(pki, 0o700); err != nil {
+		return fmt.Errorf("create webhook pki folder: %w", err)
+	}
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	if err != nil {
+		return fmt.Errorf("webhook serving certificate: %w", err)
+	}
+	certFile, keyFile := filepath.Join(pki, "tls.crt"), filepath.Join(pki, "tls.key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		return fmt.Errorf("write webhook certificate: %w", err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return fmt.Errorf("write webhook key: %w", err)
+	}
+	c.State.WebhookPort, c.State.WebhookCA = port, certPEM
+	args := append([]string{
+		"--address=127.0.0.1:" + strconv.Itoa(port),
+		"--tls-cert-file=" + certFile,
+		"--tls-key-file=" + keyFile,
+		"--scheduler-name=" + SchedulerName,
+		"--v=2",
+	}, extraArgs...)
+	p, err := c.start(WebhookName, c.State.WebhookPath, args, dir)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	if err := c.waitFor(ctx, "gpuslice webhook /readyz", []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, client, c.WebhookURL()+"/readyz"), nil
+	}); err != nil {
+		return err
+	}
+	if _, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, webhookConfig(c.WebhookURL()+"/mutate", certPEM), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create MutatingWebhookConfiguration: %w", err)
+	}
+	// The API server picks the configuration up from its informer: a dry-run GPU pod shows
+	// when the webhook is being called (its schedulerName is rewritten).
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-webhook-probe", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "probe", Image: "registry.k8s.io/pause:3.10",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"hami.io/gpu": resource.MustParse("1")}},
+		}}},
+	}
+	return c.waitFor(ctx, "API server calling the gpuslice webhook", []*Process{p}, func(ctx context.Context) (bool, error) {
+		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, nil //nolint:nilerr // not ready yet: keep polling
+		}
+		return got.Spec.SchedulerName == SchedulerName, nil
+	})
+}
+
+// webhookConfig is the MutatingWebhookConfiguration that sends pod creations outside kube-system to
+// url.
+func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	timeout := int32(10)
+	return &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfigName},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:                    "pods.gpuslice.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caBundle},
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             &none,
+			FailurePolicy:           &fail,
+			TimeoutSeconds:          &timeout,
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+			}},
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{metav1.NamespaceSystem},
+			}}},
+		}},
+	}
+}
+
+// process returns the running process named name, or nil.
+func (c *Cluster) process(name string) *Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.State.Processes {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}

@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// withGPUs sets c's limits to gpus GPUs of memMiB MiB each (memMiB 0: whole GPUs).
+func withGPUs(c *corev1.Container, gpus, memMiB int64) {
+	limits := corev1.ResourceList{vgpu.ResourceGPU: *resource.NewQuantity(gpus, resource.DecimalSI)}
+	if memMiB > 0 {
+		limits[vgpu.ResourceMemory] = *resource.NewQuantity(memMiB, resource.DecimalSI)
+	}
+	c.Resources = corev1.ResourceRequirements{Limits: limits}
+}
+
+// TestPlacementShapes is proof 4: mixed models on one node steered by hami.io/gpu-model,
+// multi-GPU containers, multi-container pods, a sidecar (restartable init) container with a GPU
+// slice, whole-GPU pods beside shared ones; regular init containers asking for GPUs are refused
+// by the webhook with a message that suggests a sidecar. Every running container's environment
+// equals its own allocation.
+func TestPlacementShapes(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "2xA100-80GB,2xT4-16GB"})
+	ctx := context.Background()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+
+	t4 := slicePod("on-t4", 4096, 0)
+	t4.Annotations = map[string]string{vgpu.AnnotationGPUModel: "T4"}
+	a100 := slicePod("on-a100", 20480, 0)
+	a100.Annotations = map[string]string{vgpu.AnnotationGPUModel: "A100"}
+	multiGPU := slicePod("two-gpus", 0, 0)
+	withGPUs(&multiGPU.Spec.Containers[0], 2, 8192)
+	multiGPU.Annotations = map[string]string{vgpu.AnnotationGPUModel: "A100"}
+	twoContainers := slicePod("two-containers", 2048, 0)
+	second := *twoContainers.Spec.Containers[0].DeepCopy()
+	second.Name = "helper"
+	withGPUs(&second, 1, 1024)
+	twoContainers.Spec.Containers = append(twoContainers.Spec.Containers, second)
+	always := corev1.ContainerRestartPolicyAlways
+	sidecar := slicePod("with-sidecar", 2048, 0)
+	side := *sidecar.Spec.Containers[0].DeepCopy()
+	side.Name = "sidecar"
+	side.RestartPolicy = &always
+	withGPUs(&side, 1, 1024)
+	sidecar.Spec.InitContainers = []corev1.Container{side}
+	whole := slicePod("whole-gpu", 0, 0)
+	withGPUs(&whole.Spec.Containers[0], 1, 0)
+	whole.Annotations = map[string]string{vgpu.AnnotationGPUModel: "T4"}
+	all := []*corev1.Pod{t4, a100, multiGPU, twoContainers, sidecar, whole}
+	createAll(t, c, all)
+
+	out := waitSettled(t, c, "", len(all), 2*time.Minute)
+	if len(out.pending) > 0 {
+		failed, _ := failedScheduling(ctx, c)
+		for _, p := range out.pending {
+			t.Errorf("%s Pending: %s", p.Name, failed[p.UID])
+		}
+	}
+	for _, b := range append(checkExact(t, c, out.running), checkCapacity(t, c, out.running)...) {
+		t.Error(b)
+	}
+	node, err := c.Client().CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := map[string]string{}
+	for _, g := range inv.GPUs {
+		model[g.UUID] = g.Model
+	}
+	byName := map[string]vgpu.PodAllocation{}
+	for _, p := range out.running {
+		a, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
+		if err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
+		}
+		byName[p.Name] = a
+	}
+	expect := []struct {
+		pod, container, model string
+		gpus                  int
+	}{
+		{"on-t4", "main", "T4", 1},
+		{"on-a100", "main", "A100", 1},
+		{"two-gpus", "main", "A100", 2},
+		{"two-containers", "main", "", 1},
+		{"two-containers", "helper", "", 1},
+		{"with-sidecar", "sidecar", "", 1},
+		{"with-sidecar", "main", "", 1},
+		{"whole-gpu", "main", "T4", 1},
+	}
+	for _, e := range expect {
+		ca, ok := byName[e.pod].Container(e.container)
+		if !ok {
+			t.Errorf("%s/%s: no allocation", e.pod, e.container)
+			continue
+		}
+		if len(ca.GPUs) != e.gpus {
+			t.Errorf("%s/%s: %d GPUs, want %d", e.pod, e.container, len(ca.GPUs), e.gpus)
+		}
+		for _, s := range ca.GPUs {
+			if e.model != "" && !strings.Contains(model[s.UUID], e.model) {
+				t.Errorf("%s/%s: GPU %s is %q, want model %s", e.pod, e.container, s.UUID, model[s.UUID], e.model)
+			}
+		}
+	}
+	// The whole-GPU pod's T4 holds no other slice.
+	if ca, ok := byName["whole-gpu"].Container("main"); ok && len(ca.GPUs) == 1 {
+		for name, a := range byName {
+			for _, other := range a.Containers {
+				for _, s := range other.GPUs {
+					if name != "whole-gpu" && s.UUID == ca.GPUs[0].UUID {
+						t.Errorf("%s/%s shares the whole-GPU pod's GPU %s", name, other.Name, s.UUID)
+					}
+				}
+			}
+		}
+	}
+
+	initPod := slicePod("gpu-in-init", 2048, 0)
+	initC := *initPod.Spec.Containers[0].DeepCopy()
+	initC.Name = "setup"
+	initPod.Spec.InitContainers = []corev1.Container{initC}
+	_, err = pods.Create(ctx, initPod, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "sidecar") {
+		t.Errorf("creating a pod with a GPU in a regular init container: err = %v; want a rejection that suggests a sidecar", err)
+	}
+}
+
+// TestRestartsDuringBurst is proof 5: pods keep arriving while the extender restarts, the plugin
+// is killed and started again, and the kubelet restarts. Each outage is visible to the extender
+// (the plugin's ready label or the node's allocatable) before the next pods arrive, so pods that
+// arrive during an outage wait Pending instead of failing admission; afterwards every pod is
+// Running with exactly its own slice, none is Failed, and no GPU holds more than it has.
+func TestRestartsDuringBurst(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "4xA100-80GB", PluginArgs: []string{"--split-count=8"}})
+	n := c.Nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var pods []*corev1.Pod
+	for i := range 40 {
+		pods = append(pods, slicePod(fmt.Sprintf("burst-%02d", i), int64(4096+1024*(i%5)), 10))
+	}
+	nodeState := func(want string, ok func(ready string, allocatable int64) bool) {
+		t.Helper()
+		poll(t, 30*time.Second, "node-1 "+want, func(ctx context.Context) (bool, string) {
+			_, alloc, ready, err := gpuCounts(ctx, c, n.Name)
+			if err != nil {
+				return false, err.Error()
+			}
+			return ok(ready, alloc), fmt.Sprintf("label %q, allocatable %d", ready, alloc)
+		})
+	}
+
+	// The extender restarts while the first pods wait to be scheduled.
+	createAll(t, c, pods[:10])
+	if err := c.RestartExtender(ctx); err != nil {
+		t.Fatal(err)
+	}
+	createAll(t, c, pods[10:20])
+
+	// The plugin crashes: the kubelet drops allocatable to 0, new pods wait.
+	if err := n.KillPlugin(); err != nil {
+		t.Fatal(err)
+	}
+	nodeState("allocatable 0 after the plugin crash", func(_ string, a int64) bool { return a == 0 })
+	createAll(t, c, pods[20:30])
+	if err := n.StartPlugin(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitPluginReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The kubelet restarts: the plugin sees its ListAndWatch stream end and lowers the label.
+	if err := n.StopKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	nodeState("ready label false while the kubelet is down", func(r string, _ int64) bool { return r == "false" })
+	createAll(t, c, pods[30:])
+	if err := n.StartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitPluginReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	out := waitSettled(t, c, "burst-", len(pods), 3*time.Minute)
+	for _, b := range append(checkExact(t, c, out.running), checkCapacity(t, c, out.running)...) {
+		t.Error(b)
+	}
+	t.Logf("after restarts: %d Running, %d Pending", len(out.running), len(out.pending))
+	// 4 GPUs x 8 slices = 32 slices; 40 pods of 4-8 GiB fit in memory, so slices are the limit.
+	if len(out.running) != 32 {
+		failed, _ := failedScheduling(ctx, c)
+		for _, p := range out.pending {
+			t.Logf("%s Pending: %s", p.Name, failed[p.UID])
+		}
+		t.Errorf("%d pods Running; want 32 (every slice of the node used once)", len(out.running))
+	}
+}
+
+// TestForgedAndGarbageInput is proof 6: a pod that sets its own allocation annotation is rejected
+// by the API server (through the webhook), and garbage sent to every extender and webhook endpoint
+// gets a 4xx answer, not a crash.
+func TestForgedAndGarbageInput(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "1xA100-80GB"})
+	ctx := context.Background()
+	forged := slicePod("forged", 1024, 0)
+	forged.Annotations = map[string]string{vgpu.AnnotationPodAllocation: `{"version":"v1","node":"node-1","containers":[{"name":"main","gpus":[{"uuid":"GPU-x","memoryMiB":81920}]}]}`}
+	_, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, forged, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), vgpu.AnnotationPodAllocation) {
+		t.Errorf("creating a pod with a forged allocation: err = %v; want a rejection naming %s", err, vgpu.AnnotationPodAllocation)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.State.WebhookCA)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	urls := []string{c.ExtenderURL() + "/filter", c.ExtenderURL() + "/prioritize", c.ExtenderURL() + "/bind", c.WebhookURL() + "/mutate"}
+	bodies := []string{"", "{", "not json", `{"Pod":null}`, `[1,2,3]`, strings.Repeat("[", 10000)}
+	for _, url := range urls {
+		for _, body := range bodies {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewBufferString(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Errorf("POST %s %.20q: %v", url, body, err)
+				continue
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode < 400 || resp.StatusCode > 499 {
+				t.Errorf("POST %s %.20q: HTTP %d, want 4xx", url, body, resp.StatusCode)
+			}
+		}
+	}
+	// Both still serve.
+	for _, url := range []string{c.ExtenderURL() + "/healthz", c.WebhookURL() + "/healthz"} {
+		resp, err := client.Get(url) //nolint:noctx // a one-off probe with the client's timeout
+		if err != nil {
+			t.Errorf("GET %s after garbage: %v", url, err)
+			continue
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s after garbage: HTTP %d", url, resp.StatusCode)
+		}
+	}
+}

@@ -1,0 +1,264 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/fakecri"
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// slicePod returns a pod whose one container asks for one GPU slice of memMiB MiB (written as a
+// plain integer, MiB) and, when cores > 0, that share of compute. The webhook fills in
+// hami.io/gpu: 1 and the scheduler name.
+func slicePod(name string, memMiB int64, cores int64) *corev1.Pod {
+	limits := corev1.ResourceList{vgpu.ResourceMemory: *resource.NewQuantity(memMiB, resource.DecimalSI)}
+	if cores > 0 {
+		limits[vgpu.ResourceCores] = *resource.NewQuantity(cores, resource.DecimalSI)
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name:      "main",
+				Image:     "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Limits: limits},
+			}},
+		},
+	}
+}
+
+// podOutcome is where a pod ended up once the cluster settled.
+type podOutcome struct {
+	running []corev1.Pod
+	pending []corev1.Pod
+}
+
+// waitSettled waits until every pod whose name starts with prefix is Running, or is Pending and
+// unbound with a FailedScheduling event, and returns them split that way.
+func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, timeout time.Duration) podOutcome {
+	t.Helper()
+	var out podOutcome
+	poll(t, timeout, fmt.Sprintf("%d pods %s* Running or Pending with a FailedScheduling event", want, prefix), func(ctx context.Context) (bool, string) {
+		out = podOutcome{}
+		list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		failed, err := failedScheduling(ctx, c)
+		if err != nil {
+			return false, err.Error()
+		}
+		other := map[string]int{}
+		n := 0
+		for _, p := range list.Items {
+			if !strings.HasPrefix(p.Name, prefix) {
+				continue
+			}
+			n++
+			switch {
+			case p.Status.Phase == corev1.PodRunning:
+				out.running = append(out.running, p)
+			case p.Spec.NodeName == "" && failed[p.UID] != "":
+				out.pending = append(out.pending, p)
+			case p.Status.Phase == corev1.PodFailed:
+				// Terminal: waiting longer changes nothing.
+				t.Fatalf("pod %s Failed on %s: %s: %s", p.Name, p.Spec.NodeName, p.Status.Reason, p.Status.Message)
+			default:
+				other[string(p.Status.Phase)+"@"+p.Spec.NodeName]++
+			}
+		}
+		return n == want && len(other) == 0, fmt.Sprintf("%d pods: %d running, %d pending with event, others %v", n, len(out.running), len(out.pending), other)
+	})
+	return out
+}
+
+// failedScheduling returns the latest FailedScheduling message per pod UID in the default namespace.
+func failedScheduling(ctx context.Context, c *cluster.Cluster) (map[types.UID]string, error) {
+	events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedScheduling"})
+	if err != nil {
+		return nil, err
+	}
+	out := map[types.UID]string{}
+	for _, e := range events.Items {
+		out[e.InvolvedObject.UID] = e.Message
+	}
+	return out, nil
+}
+
+// latestRecords returns, per pod UID and container, the latest CreateContainer record of every node.
+func latestRecords(t *testing.T, c *cluster.Cluster) map[string]fakecri.Record {
+	t.Helper()
+	out := map[string]fakecri.Record{}
+	for _, n := range c.Nodes {
+		records, err := n.CRIRecords()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range records {
+			out[r.PodUID+"/"+r.Container] = r
+		}
+	}
+	return out
+}
+
+// checkExact compares each running pod's containers' environment, as the runtime resolved it at
+// CreateContainer, with the pod's own allocation annotation, and returns one line per mismatch.
+func checkExact(t *testing.T, c *cluster.Cluster, running []corev1.Pod) []string {
+	t.Helper()
+	records := latestRecords(t, c)
+	var bad []string
+	for _, p := range running {
+		alloc, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: allocation annotation: %v", p.Name, err))
+			continue
+		}
+		if alloc.Node != p.Spec.NodeName {
+			bad = append(bad, fmt.Sprintf("%s: allocation for node %q, bound to %q", p.Name, alloc.Node, p.Spec.NodeName))
+		}
+		for _, ca := range alloc.Containers {
+			r, ok := records[string(p.UID)+"/"+ca.Name]
+			if !ok {
+				bad = append(bad, fmt.Sprintf("%s/%s: no CreateContainer record", p.Name, ca.Name))
+				continue
+			}
+			bad = append(bad, envMismatches(p, ca, r.Env)...)
+		}
+	}
+	return bad
+}
+
+// envMismatches compares env with what container ca of pod p must see.
+func envMismatches(p corev1.Pod, ca vgpu.ContainerAllocation, env map[string]string) []string {
+	want := map[string]string{
+		"GPUSLICE_POD_UID":       string(p.UID),
+		"GPUSLICE_POD":           p.Namespace + "/" + p.Name,
+		"GPUSLICE_CONTAINER":     ca.Name,
+		"NVIDIA_VISIBLE_DEVICES": "",
+	}
+	uuids := make([]string, len(ca.GPUs))
+	for i, s := range ca.GPUs {
+		uuids[i] = s.UUID
+		want["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(i)] = strconv.FormatInt(s.MemoryMiB, 10) + "m"
+	}
+	want["NVIDIA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
+	var bad []string
+	keys := make([]string, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if env[k] != want[k] {
+			bad = append(bad, fmt.Sprintf("%s/%s: %s=%q, want %q", p.Name, ca.Name, k, env[k], want[k]))
+		}
+	}
+	if _, extra := env["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(len(ca.GPUs))]; extra {
+		bad = append(bad, fmt.Sprintf("%s/%s: a memory limit for GPU %d, which it was not granted", p.Name, ca.Name, len(ca.GPUs)))
+	}
+	return bad
+}
+
+// checkCapacity sums the allocations of pods per GPU and returns one line per GPU whose slices
+// exceed its schedulable memory or split count.
+func checkCapacity(t *testing.T, c *cluster.Cluster, pods []corev1.Pod) []string {
+	t.Helper()
+	ctx := context.Background()
+	type use struct {
+		memMiB int64
+		slices int
+	}
+	used := map[string]*use{}
+	for _, p := range pods {
+		alloc, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
+		if err != nil {
+			continue // reported by checkExact
+		}
+		for _, ca := range alloc.Containers {
+			for _, s := range ca.GPUs {
+				u := used[s.UUID]
+				if u == nil {
+					u = &use{}
+					used[s.UUID] = u
+				}
+				u.memMiB += s.MemoryMiB
+				u.slices++
+			}
+		}
+	}
+	var bad []string
+	for _, n := range c.Nodes {
+		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
+		if err != nil {
+			t.Fatalf("node %s inventory: %v", n.Name, err)
+		}
+		for _, g := range inv.GPUs {
+			u := used[g.UUID]
+			if u == nil {
+				continue
+			}
+			if u.memMiB > g.SchedulableMemoryMiB || u.slices > inv.SplitCount {
+				bad = append(bad, fmt.Sprintf("%s %s: %d MiB in %d slices, has %d MiB and %d slices", n.Name, g.UUID, u.memMiB, u.slices, g.SchedulableMemoryMiB, inv.SplitCount))
+			}
+		}
+	}
+	return bad
+}
+
+// deleteAll deletes every pod of the default namespace at once and waits until none is left.
+func deleteAll(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	zero := int64(0)
+	if err := pods.DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 2*time.Minute, "every pod deleted", func(ctx context.Context) (bool, string) {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(list.Items) == 0, fmt.Sprintf("%d left", len(list.Items))
+	})
+}
+
+// createAll creates pods concurrently (8 at a time), failing t on the first error.
+func createAll(t *testing.T, c *cluster.Cluster, pods []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	errs := make(chan error, len(pods))
+	sem := make(chan struct{}, 8)
+	for _, p := range pods {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			_, err := c.Client().CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+			if err != nil {
+				err = fmt.Errorf("create pod %s: %w", p.Name, err)
+			}
+			errs <- err
+		}()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+)
+
+// sharingNodes are the two nodes of the sharing proof: 4 GPUs of 80 GiB each, 4 slices per GPU,
+// so 16 slices and 320 GiB per node.
+func sharingNodes() []cluster.NodeOptions {
+	return []cluster.NodeOptions{
+		{Name: "node-1", FakeGPUs: "4xA100-80GB", PluginArgs: []string{"--split-count=4"}},
+		{Name: "node-2", FakeGPUs: "4xA100-80GB", PluginArgs: []string{"--split-count=4"}},
+	}
+}
+
+// sharingRounds is how many times TestSixtyPodsGetExactlyTheirOwnSlice repeats its burst;
+// GPUSLICE_SHARING_ROUNDS overrides it.
+func sharingRounds(t *testing.T) int {
+	if v := os.Getenv("GPUSLICE_SHARING_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("GPUSLICE_SHARING_ROUNDS=%q: want a positive integer", v)
+		}
+		return n
+	}
+	return 10
+}
+
+// TestSixtyPodsGetExactlyTheirOwnSlice is proof 1 of the scheduling issue: 60 pods of six memory
+// sizes, created at once onto 2 nodes with 32 slices between them. Every Running container's
+// environment, as the runtime resolved its CDI device at CreateContainer, equals its own pod's
+// allocation; no GPU holds more than its memory or slices; pods that do not fit stay Pending
+// with a FailedScheduling event naming memory or slices. Repeated with all pods deleted between
+// rounds, so device IDs (and CDI names) pass from pod to pod. Real: etcd, kube-apiserver,
+// kube-scheduler, kubelets, the gpuslice extender, webhook and device plugins, the CDI library.
+// Fake: NVML and the container runtime.
+func TestSixtyPodsGetExactlyTheirOwnSlice(t *testing.T) {
+	c := startCluster(t, sharingNodes()...)
+	sizes := []int64{4096, 8192, 12288, 16384, 24576, 40960}
+	mismatches := 0
+	for round := range sharingRounds(t) {
+		began := time.Now()
+		var pods []*corev1.Pod
+		for i := range 60 {
+			pods = append(pods, slicePod(fmt.Sprintf("share-%02d", i), sizes[i%len(sizes)], 0))
+		}
+		createAll(t, c, pods)
+		out := waitSettled(t, c, "share-", len(pods), 3*time.Minute)
+		bad := checkExact(t, c, out.running)
+		bad = append(bad, checkCapacity(t, c, out.running)...)
+		failed, err := failedScheduling(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range out.pending {
+			if msg := failed[p.UID]; !strings.Contains(msg, "memory") && !strings.Contains(msg, "slice") {
+				bad = append(bad, fmt.Sprintf("%s Pending: FailedScheduling %q names neither memory nor slices", p.Name, msg))
+			}
+		}
+		if len(out.running) == 0 {
+			bad = append(bad, "no pod is Running")
+		}
+		mismatches += len(bad)
+		for _, b := range bad {
+			t.Errorf("round %d: %s", round, b)
+		}
+		t.Logf("round %d: %d Running, %d Pending, %d mismatches, settled in %v", round, len(out.running), len(out.pending), len(bad), time.Since(began).Round(time.Millisecond))
+		deleteAll(t, c)
+	}
+	t.Logf("mismatches over all rounds: %d", mismatches)
+}
+
+// TestBurstRatio is proof 2: 40 GPU pods onto one 8-GPU node reach Running; the time is reported
+// beside the same burst of pods without GPU requests, in the same run (a ratio, not an assertion).
+func TestBurstRatio(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "8xA100-80GB"})
+	burst := func(prefix string, gpu bool) time.Duration {
+		var pods []*corev1.Pod
+		for i := range 40 {
+			p := slicePod(fmt.Sprintf("%s-%02d", prefix, i), 4096, 10)
+			if !gpu {
+				p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+			}
+			pods = append(pods, p)
+		}
+		began := time.Now()
+		createAll(t, c, pods)
+		out := waitSettled(t, c, prefix+"-", len(pods), 3*time.Minute)
+		took := time.Since(began)
+		if len(out.pending) > 0 {
+			t.Errorf("%s: %d pods Pending, want all Running", prefix, len(out.pending))
+		}
+		if gpu {
+			for _, b := range append(checkExact(t, c, out.running), checkCapacity(t, c, out.running)...) {
+				t.Error(b)
+			}
+		}
+		deleteAll(t, c)
+		return took
+	}
+	plain := burst("plain", false)
+	shared := burst("gpu", true)
+	t.Logf("40-pod burst to Running: without GPUs %v, with GPU slices %v: ratio %.2f", plain.Round(time.Millisecond), shared.Round(time.Millisecond), shared.Seconds()/plain.Seconds())
+}
+
+// TestPluginNotReady is proof 3: a Ready node whose plugin is not registered gets no pod, with
+// "plugin not ready" in the pod's events, until the plugin registers; after a plugin crash
+// (allocatable 0) no new pod is bound there.
+func TestPluginNotReady(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "2xA100-80GB", NoPlugin: true})
+	n := c.Nodes[0]
+	ctx := context.Background()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	waitPendingWith := func(name, want string) {
+		t.Helper()
+		poll(t, 30*time.Second, name+" Pending with "+strconv.Quote(want), func(ctx context.Context) (bool, string) {
+			p, err := pods.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if p.Spec.NodeName != "" {
+				t.Fatalf("%s bound to %s; want Pending", name, p.Spec.NodeName)
+			}
+			failed, err := failedScheduling(ctx, c)
+			if err != nil {
+				return false, err.Error()
+			}
+			return strings.Contains(failed[p.UID], want), failed[p.UID]
+		})
+	}
+	if _, err := pods.Create(ctx, slicePod("early", 8192, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPendingWith("early", "plugin not ready")
+	if err := n.StartPlugin(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, time.Minute, "early Running on node-1", func(ctx context.Context) (bool, string) {
+		p, err := pods.Get(ctx, "early", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == n.Name, string(p.Status.Phase)
+	})
+
+	if err := n.KillPlugin(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "allocatable hami.io/gpu 0 after the plugin crash", func(ctx context.Context) (bool, string) {
+		_, alloc, _, err := gpuCounts(ctx, c, n.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		return alloc == 0, fmt.Sprintf("allocatable %d", alloc)
+	})
+	if _, err := pods.Create(ctx, slicePod("late", 8192, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPendingWith("late", "plugin not ready")
+}
