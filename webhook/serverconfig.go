@@ -5,7 +5,6 @@ import (
 	"net"
 	"strconv"
 
-
 	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/vgpu"
 )

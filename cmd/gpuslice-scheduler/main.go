@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/extender"
+	"github.com/gpuslice/gpuslice/internal/configfile"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=…".
