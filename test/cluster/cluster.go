@@ -29,6 +29,9 @@ type Options struct {
 	PluginPath, ExtenderPath, WebhookPath string
 	// ExtenderArgs and WebhookArgs are extra flags for the extender and the webhook.
 	ExtenderArgs, WebhookArgs []string
+	// Chart, when set, installs gpuslice with helm and runs the components as the chart's
+	// Deployments and DaemonSets say (see ChartOptions) instead of with the flags above.
+	Chart *ChartOptions
 	// Dir is the cluster's folder; it must not exist or be empty. Empty means a new folder under
 	// the system temporary folder with a short name: unix socket paths under it must stay under
 	// 108 bytes. Stop removes it.
@@ -87,6 +90,7 @@ type Cluster struct {
 	readyTimeout   time.Duration
 	stopWithParent bool
 	client         kubernetes.Interface
+	chart          *chartRelease // nil unless started with Options.Chart
 }
 
 // Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
@@ -150,6 +154,15 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 		return fmt.Errorf("admin client: %w", err)
 	}
 	c.client = client
+	if opts.Chart != nil {
+		if err := c.installChart(ctx, *opts.Chart); err != nil {
+			return err
+		}
+		if err := c.startChartControlPlane(ctx); err != nil {
+			return err
+		}
+		return c.addNodes(ctx, opts.Nodes)
+	}
 	extenderPort, err := c.startExtender(ctx, opts.ExtenderArgs)
 	if err != nil {
 		return err
@@ -160,7 +173,12 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	if err := c.startScheduler(ctx, extenderPort); err != nil {
 		return err
 	}
-	for _, no := range opts.Nodes {
+	return c.addNodes(ctx, opts.Nodes)
+}
+
+// addNodes adds nodes one after another.
+func (c *Cluster) addNodes(ctx context.Context, nodes []NodeOptions) error {
+	for _, no := range nodes {
 		if _, err := c.AddNode(ctx, no); err != nil {
 			return err
 		}
@@ -177,6 +195,11 @@ func (c *Cluster) StatePath() string { return filepath.Join(c.State.Dir, "state.
 // start starts BinDir/bin (or, when bin is absolute, bin itself) as the component name, with a new
 // working folder and a log file under dir, and records it in the state file.
 func (c *Cluster) start(name, bin string, args []string, dir string) (*Process, error) {
+	return c.startEnv(name, bin, args, nil, dir)
+}
+
+// startEnv is start with env set on top of this process's environment.
+func (c *Cluster) startEnv(name, bin string, args, env []string, dir string) (*Process, error) {
 	path := bin
 	if !filepath.IsAbs(bin) {
 		path = filepath.Join(c.State.BinDir, bin)
@@ -192,7 +215,7 @@ func (c *Cluster) start(name, bin string, args []string, dir string) (*Process, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: create working folder: %w", name, err)
 	}
-	p, err := startProcess(name, path, args, workDir, filepath.Join(dir, base+".log"), c.stopWithParent)
+	p, err := startProcess(name, path, args, env, workDir, filepath.Join(dir, base+".log"), c.stopWithParent)
 	if err != nil {
 		return nil, err
 	}

@@ -109,6 +109,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// No controller-manager creates service-account tokens: pods run without one.
 		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
+		// Resolve webhook Services through their endpoints: there is no kube-proxy to route a
+		// ClusterIP (the chart's webhook is a Service).
+		"--enable-aggregator-routing=true",
 	}, dir)
 	if err != nil {
 		return err
@@ -142,10 +145,6 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 // startScheduler starts kube-scheduler with the stock and gpuslice profiles, the latter calling the
 // extender on extenderPort, and waits for its /healthz.
 func (c *Cluster) startScheduler(ctx context.Context, extenderPort int) error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
 	dir := filepath.Join(c.State.Dir, "kube-scheduler")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create scheduler folder: %w", err)
@@ -154,11 +153,18 @@ func (c *Cluster) startScheduler(ctx context.Context, extenderPort int) error {
 	if err := os.WriteFile(cfg, []byte(schedulerConfig(c.State.Kubeconfig, extenderPort)), 0o600); err != nil {
 		return fmt.Errorf("write scheduler configuration: %w", err)
 	}
-	p, err := c.start("kube-scheduler", "kube-scheduler", []string{
-		"--config=" + cfg,
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-	}, dir)
+	return c.startKubeScheduler(ctx, filepath.Join(c.State.BinDir, "kube-scheduler"), []string{"--config=" + cfg}, nil)
+}
+
+// startKubeScheduler starts kube-scheduler from bin with args (which must name its configuration)
+// and env, serving on a free loopback port, and waits for its /healthz.
+func (c *Cluster) startKubeScheduler(ctx context.Context, bin string, args, env []string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	args = append(append([]string(nil), args...), "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port))
+	p, err := c.startEnv("kube-scheduler", bin, args, env, filepath.Join(c.State.Dir, "kube-scheduler"))
 	if err != nil {
 		return err
 	}

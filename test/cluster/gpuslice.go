@@ -112,7 +112,7 @@ func (c *Cluster) RestartExtender(ctx context.Context) error {
 		return err
 	}
 	dir := filepath.Join(c.State.Dir, ExtenderName)
-	np, err := c.start(ExtenderName, c.State.ExtenderPath, p.Args, dir)
+	np, err := c.startEnv(ExtenderName, c.State.ExtenderPath, p.Args, p.Env, dir)
 	if err != nil {
 		return err
 	}
@@ -120,6 +120,15 @@ func (c *Cluster) RestartExtender(ctx context.Context) error {
 	return c.waitFor(ctx, "gpuslice extender /readyz after restart", []*Process{np}, func(ctx context.Context) (bool, error) {
 		return httpOK(ctx, http.DefaultClient, url), nil
 	})
+}
+
+// StopWebhook stops the webhook's process (SIGTERM, then SIGKILL).
+func (c *Cluster) StopWebhook() error {
+	p := c.process(WebhookName)
+	if p == nil {
+		return errors.New("no webhook is running")
+	}
+	return p.Stop()
 }
 
 // ExtenderURL returns the extender's base URL.
@@ -181,13 +190,7 @@ func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
 	}
 	// The API server picks the configuration up from its informer: a dry-run GPU pod shows
 	// when the webhook is being called (its schedulerName is rewritten).
-	probe := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-webhook-probe", Namespace: metav1.NamespaceDefault},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "probe", Image: "registry.k8s.io/pause:3.10",
-			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"hami.io/gpu": resource.MustParse("1")}},
-		}}},
-	}
+	probe := webhookProbePod()
 	return c.waitFor(ctx, "API server calling the gpuslice webhook", []*Process{p}, func(ctx context.Context) (bool, error) {
 		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {
@@ -195,6 +198,17 @@ func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
 		}
 		return got.Spec.SchedulerName == SchedulerName, nil
 	})
+}
+
+// webhookProbePod is a GPU pod whose dry-run creation shows whether the webhook is called.
+func webhookProbePod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-webhook-probe", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "probe", Image: "registry.k8s.io/pause:3.10",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"hami.io/gpu": resource.MustParse("1")}},
+		}}},
+	}
 }
 
 // webhookConfig is the MutatingWebhookConfiguration that sends pod creations outside kube-system to

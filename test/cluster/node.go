@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +40,9 @@ type NodeOptions struct {
 	PluginArgs []string `json:"pluginArgs,omitempty"`
 	// NoPlugin leaves the device plugin stopped: start it with Node.StartPlugin.
 	NoPlugin bool `json:"noPlugin,omitempty"`
+	// Labels are the Node's labels (the kubelet's --node-labels); with a chart they pick the
+	// device-plugin DaemonSet, whose configuration then decides the fake GPUs.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // NodeState is what the state file keeps of a node.
@@ -49,6 +53,10 @@ type NodeState struct {
 	Dir string `json:"dir"`
 	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1.
 	KubeletPort int `json:"kubeletPort"`
+	// PluginDaemonSet is the chart's DaemonSet the plugin was started from, and PluginHealthPort
+	// the loopback port of its /readyz; both empty without a chart.
+	PluginDaemonSet  string `json:"pluginDaemonSet,omitempty"`
+	PluginHealthPort int    `json:"pluginHealthPort,omitempty"`
 }
 
 // Node is one simulated node of a Cluster: kubelet, fake CRI and device plugin processes.
@@ -192,6 +200,14 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 		"--hostname-override=" + n.Name,
 		"--v=2",
 	}
+	if len(n.Labels) > 0 {
+		var kv []string
+		for k, v := range n.Labels {
+			kv = append(kv, k+"="+v)
+		}
+		sort.Strings(kv)
+		args = append(args, "--node-labels="+strings.Join(kv, ","))
+	}
 	startedAt := time.Now()
 	p, err := n.c.start(n.Name+"/kubelet", unshare, args, n.Dir)
 	if err != nil {
@@ -248,8 +264,14 @@ func (n *Node) removeNotReadyTaint(ctx context.Context) error {
 func (n *Node) StopKubelet() error { return n.Kubelet.Stop() }
 
 // StartPlugin starts the node's device plugin with fake GPUs, pointed at the host path of the
-// node's device-plugin folder. It does not wait: see WaitPluginReady.
+// node's device-plugin folder; with a chart, as the DaemonSet that selects the node says. It does
+// not wait: see WaitPluginReady.
 func (n *Node) StartPlugin() error {
+	if n.c.chart != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return n.startChartPlugin(ctx)
+	}
 	args := []string{
 		"--fake-gpus=" + n.FakeGPUs,
 		"--node-name=" + n.Name,

@@ -31,8 +31,10 @@ type Process struct {
 	Log string `json:"log"`
 	// WorkDir is the process's working folder, empty when it started.
 	WorkDir string `json:"workDir"`
-	// Args are the command-line arguments it was started with (without the program).
+	// Args are the command-line arguments it was started with (without the program); Env are the
+	// variables set on top of this process's environment.
 	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd.Wait returns
@@ -40,11 +42,12 @@ type Process struct {
 	grace time.Duration
 }
 
-// startProcess starts path with args as a new process group, in a new empty working folder
+// startProcess starts path with args (and env on top of this process's environment) as a new
+// process group, in a new empty working folder
 // workDir, with stdout and stderr appended to logPath. With withParent, the kernel sends the
 // process SIGKILL when this process dies (PR_SET_PDEATHSIG: it survives exec, and Go only ends an OS
 // thread when a goroutine locked to it exits, which this package never does).
-func startProcess(name, path string, args []string, workDir, logPath string, withParent bool) (*Process, error) {
+func startProcess(name, path string, args, env []string, workDir, logPath string, withParent bool) (*Process, error) {
 	if err := os.MkdirAll(workDir, 0o750); err != nil {
 		return nil, fmt.Errorf("%s: create working folder: %w", name, err)
 	}
@@ -64,6 +67,9 @@ func startProcess(name, path string, args []string, workDir, logPath string, wit
 
 	cmd := exec.Command(path, args...) //nolint:gosec // G204: running the cluster binaries is this package's job
 	cmd.Dir = workDir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if withParent {
@@ -72,7 +78,7 @@ func startProcess(name, path string, args []string, workDir, logPath string, wit
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
 	}
-	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, Args: args, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, Args: args, Env: env, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.done)

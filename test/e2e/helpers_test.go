@@ -44,15 +44,21 @@ func requireHost(t *testing.T) {
 // every component's log is logged first.
 func startCluster(t *testing.T, nodes ...cluster.NodeOptions) *cluster.Cluster {
 	t.Helper()
+	return startClusterWith(t, clusterOptions(nodes...))
+}
+
+// startClusterWith starts a cluster with opts, as startCluster does.
+func startClusterWith(t *testing.T, opts cluster.Options) *cluster.Cluster {
+	t.Helper()
 	requireHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	began := time.Now()
-	c, err := cluster.Start(ctx, clusterOptions(nodes...))
+	c, err := cluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("e2e: %v", err)
 	}
-	t.Logf("cluster with %d node(s) ready in %v (folder %s)", len(nodes), time.Since(began).Round(time.Millisecond), c.State.Dir)
+	t.Logf("cluster with %d node(s) ready in %v (folder %s)", len(opts.Nodes), time.Since(began).Round(time.Millisecond), c.State.Dir)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("component logs:\n%s", c.LogTails(40))

@@ -1,0 +1,526 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"sigs.k8s.io/yaml"
+)
+
+// ChartOptions has Start install gpuslice with `helm install` into the cluster's API server and
+// run every gpuslice component (and the chart's kube-scheduler) with the command, arguments,
+// environment and configuration files of the Deployments and DaemonSets the API server accepted,
+// so that a mismatch between chart and binaries fails. What cannot be taken from the chart, because
+// all simulated nodes share one host and there is no kubelet for the control-plane pods, is adapted,
+// and only that: mount paths are mapped to folders of the cluster (the same rewrite is applied to
+// the arguments and to the mounted configuration files), each component gets a kubeconfig with a
+// token of its own ServiceAccount (so the chart's RBAC is what it runs with) instead of in-cluster
+// credentials, every device plugin gets its own probe port, and kube-scheduler its own secure port.
+type ChartOptions struct {
+	// Dir is the chart's folder; required.
+	Dir string
+	// Release and Namespace name the Helm release; empty means "gpuslice" and "gpuslice-system".
+	Release, Namespace string
+	// ValuesFiles and Set are passed to helm install as -f and --set.
+	ValuesFiles, Set []string
+}
+
+// chartRelease is what the cluster runs from an installed chart.
+type chartRelease struct {
+	opts        ChartOptions
+	scheduler   *appsv1.Deployment
+	webhook     *appsv1.Deployment
+	daemonSets  []appsv1.DaemonSet
+	configMaps  map[string]corev1.ConfigMap
+	secrets     map[string]corev1.Secret
+	extenderAPI int // the extender's port (scheduler.extender.port)
+	webhookPort int
+}
+
+// installChart runs helm install with ports the harness chooses, then reads back what the API
+// server accepted.
+func (c *Cluster) installChart(ctx context.Context, opts ChartOptions) error {
+	if opts.Release == "" {
+		opts.Release = "gpuslice"
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = "gpuslice-system"
+	}
+	r := &chartRelease{opts: opts, configMaps: map[string]corev1.ConfigMap{}, secrets: map[string]corev1.Secret{}}
+	var err error
+	if r.extenderAPI, err = freePortPair(); err != nil {
+		return err
+	}
+	if r.webhookPort, err = freePort(); err != nil {
+		return err
+	}
+	args := []string{"install", opts.Release, opts.Dir, "--namespace", opts.Namespace, "--create-namespace",
+		"--set", "scheduler.extender.port=" + strconv.Itoa(r.extenderAPI),
+		"--set", "webhook.port=" + strconv.Itoa(r.webhookPort),
+	}
+	for _, f := range opts.ValuesFiles {
+		args = append(args, "-f", f)
+	}
+	for _, s := range opts.Set {
+		args = append(args, "--set", s)
+	}
+	if out, err := c.Helm(ctx, args...); err != nil {
+		return fmt.Errorf("helm install: %w\n%s", err, out)
+	}
+	if err := c.readRelease(ctx, r); err != nil {
+		return err
+	}
+	c.chart = r
+	return nil
+}
+
+// Helm runs the cluster's helm binary against the cluster with args and returns its combined
+// output. Helm's own folders are kept in the cluster's folder.
+func (c *Cluster) Helm(ctx context.Context, args ...string) (string, error) {
+	home := filepath.Join(c.State.Dir, "helm")
+	cmd := exec.CommandContext(ctx, filepath.Join(c.State.BinDir, "helm"), append(args, "--kubeconfig", c.State.Kubeconfig)...) //nolint:gosec // G204: the cluster's own helm
+	cmd.Env = append(os.Environ(),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+	)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// readRelease lists the release's workloads, ConfigMaps and Secrets from the API server.
+func (c *Cluster) readRelease(ctx context.Context, r *chartRelease) error {
+	ns := r.opts.Namespace
+	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + r.opts.Release}
+	deps, err := c.client.AppsV1().Deployments(ns).List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list the release's Deployments: %w", err)
+	}
+	for i := range deps.Items {
+		d := &deps.Items[i]
+		switch d.Labels["app.kubernetes.io/component"] {
+		case "scheduler":
+			r.scheduler = d
+		case "webhook":
+			r.webhook = d
+		}
+	}
+	dss, err := c.client.AppsV1().DaemonSets(ns).List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list the release's DaemonSets: %w", err)
+	}
+	r.daemonSets = dss.Items
+	cms, err := c.client.CoreV1().ConfigMaps(ns).List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list the release's ConfigMaps: %w", err)
+	}
+	for _, cm := range cms.Items {
+		r.configMaps[cm.Name] = cm
+	}
+	secrets, err := c.client.CoreV1().Secrets(ns).List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("list the release's Secrets: %w", err)
+	}
+	for _, s := range secrets.Items {
+		r.secrets[s.Name] = s
+	}
+	if r.scheduler == nil || r.webhook == nil || len(r.daemonSets) == 0 {
+		return fmt.Errorf("release %s/%s: want a scheduler and a webhook Deployment and a device-plugin DaemonSet, got scheduler %t, webhook %t, %d DaemonSets",
+			ns, r.opts.Release, r.scheduler != nil, r.webhook != nil, len(r.daemonSets))
+	}
+	return nil
+}
+
+// freePortPair returns a port p such that p and p+1 were free a moment ago (the extender's API
+// port and its health port).
+func freePortPair() (int, error) {
+	for range 20 {
+		p, err := freePort()
+		if err != nil {
+			return 0, err
+		}
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
+			_ = ln.Close()
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no two adjacent free ports found")
+}
+
+// podProcess is one container of a pod template turned into a process.
+type podProcess struct {
+	path string
+	args []string
+	env  []string
+}
+
+// mapping is a container path and the folder that stands for it.
+type mapping struct{ container, local string }
+
+// materialize turns container name of spec into a process: mounted ConfigMaps and Secrets are
+// written under root, hostPath volumes go through hostPath, and every mount path in the arguments
+// and in the mounted files is replaced by its folder. node fills spec.nodeName field references.
+func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, node string, hostPath func(string) (string, error)) (podProcess, []mapping, error) {
+	var ctr *corev1.Container
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == name {
+			ctr = &spec.Containers[i]
+		}
+	}
+	if ctr == nil || len(ctr.Command) == 0 {
+		return podProcess{}, nil, fmt.Errorf("container %q with a command not found in the pod template", name)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	var maps []mapping
+	var files []string // written files, rewritten once every mapping is known
+	for _, m := range ctr.VolumeMounts {
+		v, ok := volumes[m.Name]
+		if !ok {
+			return podProcess{}, nil, fmt.Errorf("container %s mounts unknown volume %s", name, m.Name)
+		}
+		local := filepath.Join(root, name, m.Name)
+		var data map[string][]byte
+		switch {
+		case v.ConfigMap != nil:
+			cm, ok := r.configMaps[v.ConfigMap.Name]
+			if !ok {
+				return podProcess{}, nil, fmt.Errorf("volume %s: ConfigMap %s not in the release", m.Name, v.ConfigMap.Name)
+			}
+			data = map[string][]byte{}
+			for k, s := range cm.Data {
+				data[k] = []byte(s)
+			}
+		case v.Secret != nil:
+			s, ok := r.secrets[v.Secret.SecretName]
+			if !ok {
+				return podProcess{}, nil, fmt.Errorf("volume %s: Secret %s not in the release", m.Name, v.Secret.SecretName)
+			}
+			data = s.Data
+		case v.HostPath != nil:
+			var err error
+			if local, err = hostPath(v.HostPath.Path); err != nil {
+				return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+			}
+		default:
+			return podProcess{}, nil, fmt.Errorf("volume %s: only ConfigMap, Secret and hostPath volumes are simulated", m.Name)
+		}
+		if err := os.MkdirAll(local, 0o750); err != nil {
+			return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+		}
+		for k, b := range data {
+			f := filepath.Join(local, k)
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+			}
+			if v.ConfigMap != nil {
+				files = append(files, f)
+			}
+		}
+		maps = append(maps, mapping{container: m.MountPath, local: local})
+	}
+	rewrite := pathRewriter(maps)
+	for _, f := range files {
+		b, err := os.ReadFile(f) //nolint:gosec // G304: a file this function wrote
+		if err != nil {
+			return podProcess{}, nil, err
+		}
+		if err := os.WriteFile(f, []byte(rewrite(string(b))), 0o600); err != nil {
+			return podProcess{}, nil, err
+		}
+	}
+	p := podProcess{path: filepath.Join(c.State.BinDir, filepath.Base(ctr.Command[0]))}
+	for _, a := range append(append([]string(nil), ctr.Command[1:]...), ctr.Args...) {
+		p.args = append(p.args, rewrite(a))
+	}
+	for _, e := range ctr.Env {
+		switch {
+		case e.ValueFrom == nil:
+			p.env = append(p.env, e.Name+"="+e.Value)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			p.env = append(p.env, e.Name+"="+node)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
+			p.env = append(p.env, e.Name+"="+r.opts.Namespace)
+		default:
+			return podProcess{}, nil, fmt.Errorf("container %s: env %s: only values and spec.nodeName/metadata.namespace references are simulated", name, e.Name)
+		}
+	}
+	return p, maps, nil
+}
+
+// pathRewriter returns a function that replaces every container path of maps (longest first, and
+// only as a whole path element) by its folder.
+func pathRewriter(maps []mapping) func(string) string {
+	if len(maps) == 0 {
+		return func(s string) string { return s }
+	}
+	sorted := append([]mapping(nil), maps...)
+	sort.Slice(sorted, func(i, j int) bool { return len(sorted[i].container) > len(sorted[j].container) })
+	local := map[string]string{}
+	var alts []string
+	for _, m := range sorted {
+		local[m.container] = m.local
+		alts = append(alts, regexp.QuoteMeta(m.container))
+	}
+	re := regexp.MustCompile(`(` + strings.Join(alts, "|") + `)(/|$|["'\s,;:])`)
+	return func(s string) string {
+		return re.ReplaceAllStringFunc(s, func(m string) string {
+			sub := re.FindStringSubmatch(m)
+			return local[sub[1]] + sub[2]
+		})
+	}
+}
+
+// serviceAccountKubeconfig writes a kubeconfig for ServiceAccount sa of the release namespace,
+// with a token from the TokenRequest API, to path.
+func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, ns, sa, path string) error {
+	expiry := int64(24 * 3600)
+	tok, err := c.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token for ServiceAccount %s/%s: %w", ns, sa, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: c.RESTConfig().Host, CertificateAuthorityData: c.State.CAData}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
+	cfg.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "c"
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("write kubeconfig for %s: %w", sa, err)
+	}
+	return nil
+}
+
+// daemonSetFor returns the release's device-plugin DaemonSet whose node selector and required node
+// affinity match a Node with labels (using the scheduler's own matching code), or an error when
+// none or several do.
+func (r *chartRelease) daemonSetFor(nodeName string, labels map[string]string) (*appsv1.DaemonSet, error) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: labels}}
+	var found []*appsv1.DaemonSet
+	for i := range r.daemonSets {
+		ds := &r.daemonSets[i]
+		pod := &corev1.Pod{Spec: ds.Spec.Template.Spec}
+		if ok, _ := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); ok {
+			found = append(found, ds)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("no device-plugin DaemonSet of the release selects node %s (labels %v)", nodeName, labels)
+	case 1:
+		return found[0], nil
+	default:
+		return nil, fmt.Errorf("%d device-plugin DaemonSets select node %s: the chart must keep them apart", len(found), nodeName)
+	}
+}
+
+// editSchedulerConfig sets clientConnection.kubeconfig in the KubeSchedulerConfiguration file at
+// path: with --config, kube-scheduler takes its credentials only from there.
+func editSchedulerConfig(path, kubeconfig string) error {
+	b, err := os.ReadFile(path) //nolint:gosec // G304: the file materialize wrote
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("scheduler configuration %s: %w", path, err)
+	}
+	cc, _ := doc["clientConnection"].(map[string]any)
+	if cc == nil {
+		cc = map[string]any{}
+	}
+	cc["kubeconfig"] = kubeconfig
+	doc["clientConnection"] = cc
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, out, 0o600)
+}
+
+// hostIPv4 returns the first IPv4 address of an up, non-loopback interface: the API server refuses
+// loopback endpoints, so the webhook's EndpointSlice needs a real one.
+func hostIPv4() (string, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, i := range ifaces {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, err := i.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLinkLocalUnicast() {
+				return n.IP.String(), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no non-loopback IPv4 address: the API server reaches the chart's webhook Service through an EndpointSlice, which may not point at loopback")
+}
+
+// noHostPath refuses hostPath volumes: the control-plane pods of the chart have none.
+func noHostPath(p string) (string, error) {
+	return "", fmt.Errorf("hostPath %s: not expected in a control-plane pod", p)
+}
+
+// startChartControlPlane starts the extender and kube-scheduler of the chart's scheduler
+// Deployment and the webhook of its webhook Deployment, makes the webhook Service reachable through
+// an EndpointSlice, and waits until the API server calls the webhook.
+func (c *Cluster) startChartControlPlane(ctx context.Context) error {
+	r := c.chart
+	ns := r.opts.Namespace
+	root := filepath.Join(c.State.Dir, "chart")
+	spec := r.scheduler.Spec.Template.Spec
+	kc := filepath.Join(root, "scheduler", "kubeconfig")
+	if err := c.serviceAccountKubeconfig(ctx, ns, spec.ServiceAccountName, kc); err != nil {
+		return err
+	}
+	ext, _, err := c.materialize(r, spec, "extender", filepath.Join(root, "scheduler"), "", noHostPath)
+	if err != nil {
+		return fmt.Errorf("scheduler Deployment: %w", err)
+	}
+	c.State.ExtenderPath, c.State.ExtenderPort = ext.path, r.extenderAPI
+	p, err := c.startEnv(ExtenderName, ext.path, append(ext.args, "--kubeconfig="+kc), ext.env, filepath.Join(c.State.Dir, ExtenderName))
+	if err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "gpuslice extender /readyz (from the chart)", []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, http.DefaultClient, c.ExtenderURL()+"/readyz"), nil
+	}); err != nil {
+		return err
+	}
+
+	ks, _, err := c.materialize(r, spec, "kube-scheduler", filepath.Join(root, "scheduler"), "", noHostPath)
+	if err != nil {
+		return fmt.Errorf("scheduler Deployment: %w", err)
+	}
+	for _, a := range ks.args {
+		if f, ok := strings.CutPrefix(a, "--config="); ok {
+			if err := editSchedulerConfig(f, kc); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.startKubeScheduler(ctx, ks.path, ks.args, ks.env); err != nil {
+		return err
+	}
+
+	wspec := r.webhook.Spec.Template.Spec
+	wh, _, err := c.materialize(r, wspec, "webhook", filepath.Join(root, "webhook"), "", noHostPath)
+	if err != nil {
+		return fmt.Errorf("webhook Deployment: %w", err)
+	}
+	c.State.WebhookPath, c.State.WebhookPort = wh.path, r.webhookPort
+	wp, err := c.startEnv(WebhookName, wh.path, wh.args, wh.env, filepath.Join(c.State.Dir, WebhookName))
+	if err != nil {
+		return err
+	}
+	return c.exposeChartWebhook(ctx, wp)
+}
+
+// exposeChartWebhook creates the EndpointSlice of the chart's webhook Service (the host's address
+// and the webhook's port; no endpoint controller runs here) and waits until the API server, which
+// resolves Services through their endpoints (--enable-aggregator-routing), calls the webhook.
+func (c *Cluster) exposeChartWebhook(ctx context.Context, p *Process) error {
+	r := c.chart
+	ns := r.opts.Namespace
+	svcs, err := c.client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + r.opts.Release + ",app.kubernetes.io/component=webhook"})
+	if err != nil || len(svcs.Items) != 1 {
+		return fmt.Errorf("the release's webhook Service: %d found, %v", len(svcs.Items), err)
+	}
+	svc := svcs.Items[0]
+	ip, err := hostIPv4()
+	if err != nil {
+		return err
+	}
+	portName, proto, ready := "https", corev1.ProtocolTCP, true
+	port := int32(r.webhookPort) //nolint:gosec // G115: a TCP port
+	if len(svc.Spec.Ports) > 0 {
+		portName = svc.Spec.Ports[0].Name
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: svc.Name + "-local", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
+	}
+	if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create the webhook's EndpointSlice: %w", err)
+	}
+	probe := webhookProbePod()
+	return c.waitFor(ctx, "API server calling the chart's webhook", []*Process{p}, func(ctx context.Context) (bool, error) {
+		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, nil //nolint:nilerr // not called yet: keep polling
+		}
+		return got.Spec.SchedulerName != corev1.DefaultSchedulerName, nil
+	})
+}
+
+// startChartPlugin starts n's device plugin from the release's DaemonSet that selects n.
+func (n *Node) startChartPlugin(ctx context.Context) error {
+	c, r := n.c, n.c.chart
+	ds, err := r.daemonSetFor(n.Name, n.Labels)
+	if err != nil {
+		return err
+	}
+	spec := ds.Spec.Template.Spec
+	root := filepath.Join(n.Dir, "chart")
+	hostPath := func(p string) (string, error) {
+		switch {
+		case strings.HasPrefix(p, "/var/lib/"):
+			return filepath.Join(n.Dir, "varlib", strings.TrimPrefix(p, "/var/lib/")), nil
+		case p == "/var/run/cdi" || p == "/etc/cdi":
+			return n.CDISpecDir(), nil
+		}
+		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/... and the CDI folder)", p)
+	}
+	pp, _, err := c.materialize(r, spec, "device-plugin", root, n.Name, hostPath)
+	if err != nil {
+		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
+	}
+	kc := filepath.Join(root, "kubeconfig")
+	if err := c.serviceAccountKubeconfig(ctx, r.opts.Namespace, spec.ServiceAccountName, kc); err != nil {
+		return err
+	}
+	health, err := freePort()
+	if err != nil {
+		return err
+	}
+	n.PluginDaemonSet = ds.Name
+	n.PluginHealthPort = health
+	args := append(pp.args, "--kubeconfig="+kc, "--health-address=127.0.0.1:"+strconv.Itoa(health))
+	p, err := c.startEnv(n.Name+"/device-plugin", pp.path, args, pp.env, n.Dir)
+	if err != nil {
+		return err
+	}
+	n.Plugin = p
+	return nil
+}

@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// chartValues are the test's values: nodes labelled gpuslice.io/test-gpu run the plugin with two
+// fake T4s, and those also labelled gpuslice.io/config=a100 run the "a100" node configuration.
+const chartValues = `devicePlugin:
+  fakeGPUs: 2xT4-16GB
+  nodeSelector:
+    nvidia.com/gpu.present: null # drop the default selector: Helm merges maps
+    gpuslice.io/test-gpu: "true"
+  nodeConfigs:
+    - name: a100
+      fakeGPUs: 4xA100-80GB
+      splitCount: 4
+image:
+  repository: gpuslice.example/gpuslice
+  tag: test
+scheduler:
+  kubeScheduler:
+    tag: v1.37.2
+`
+
+// chartDir is the chart, from test/e2e.
+func chartDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "..", "charts", "gpuslice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestChartInstallUpgradeUninstall is the chart's proof on the local cluster: helm install into the
+// real API server succeeds; every gpuslice component (and kube-scheduler) runs with the command,
+// arguments, environment and configuration files of the installed Deployments and DaemonSets, with
+// their ServiceAccounts' RBAC; each node gets the DaemonSet its labels select; the API server calls
+// the webhook through the chart's MutatingWebhookConfiguration and Service; pods then share GPUs
+// with exactly their own slices. helm upgrade with changed values keeps the webhook's certificate
+// and updates the objects; helm uninstall leaves no webhook configuration that blocks pod creation.
+// Real: every Kubernetes component, helm, gpuslice's binaries. Fake: NVML and the container runtime.
+func TestChartInstallUpgradeUninstall(t *testing.T) {
+	requireHost(t)
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(chartValues), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := clusterOptions(
+		cluster.NodeOptions{Name: "node-a100", Labels: map[string]string{"gpuslice.io/test-gpu": "true", "gpuslice.io/config": "a100"}},
+		cluster.NodeOptions{Name: "node-t4", Labels: map[string]string{"gpuslice.io/test-gpu": "true"}},
+	)
+	opts.Chart = &cluster.ChartOptions{Dir: chartDir(t), ValuesFiles: []string{values}}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := startClusterWith(t, opts)
+	const ns = "gpuslice-system"
+
+	// Every object of the release is in the API server.
+	manifest, err := c.Helm(ctx, "get", "manifest", "gpuslice", "-n", ns)
+	if err != nil {
+		t.Fatalf("helm get manifest: %v\n%s", err, manifest)
+	}
+	mf := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(mf, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl := exec.CommandContext(ctx, filepath.Join(c.State.BinDir, "kubectl"), "--kubeconfig", c.State.Kubeconfig, "get", "-f", mf, "-o", "name") //nolint:gosec // G204: the cluster's kubectl
+	out, err := kubectl.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl get -f <release manifest>: %v\n%s", err, out)
+	}
+	t.Logf("release objects in the API server: %d", strings.Count(strings.TrimSpace(string(out)), "\n")+1)
+
+	// Each node runs the DaemonSet its labels select, with that configuration's GPUs.
+	want := map[string]struct {
+		ds     string
+		gpus   int
+		model  string
+		splits int
+	}{
+		"node-a100": {"gpuslice-device-plugin-a100", 4, "A100", 4},
+		"node-t4":   {"gpuslice-device-plugin", 2, "T4", 10},
+	}
+	for _, n := range c.Nodes {
+		w := want[n.Name]
+		if n.PluginDaemonSet != w.ds {
+			t.Errorf("%s runs DaemonSet %q, want %q", n.Name, n.PluginDaemonSet, w.ds)
+		}
+		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
+		if err != nil {
+			t.Fatalf("%s inventory: %v", n.Name, err)
+		}
+		if len(inv.GPUs) != w.gpus || inv.SplitCount != w.splits || !strings.Contains(inv.GPUs[0].Model, w.model) {
+			t.Errorf("%s: %d GPUs of %q split %d, want %d %s split %d", n.Name, len(inv.GPUs), inv.GPUs[0].Model, inv.SplitCount, w.gpus, w.model, w.splits)
+		}
+	}
+
+	// The webhook that mutates pods is the chart's: the harness created none of its own.
+	whs, err := c.Client().AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(whs.Items) != 1 || whs.Items[0].Labels["app.kubernetes.io/managed-by"] != "Helm" {
+		t.Fatalf("MutatingWebhookConfigurations: %d, want exactly the chart's", len(whs.Items))
+	}
+
+	// Pods share GPUs, each with exactly its own slice.
+	var pods []*corev1.Pod
+	for i := range 16 {
+		p := slicePod(fmt.Sprintf("chart-%02d", i), int64(2048*(1+i%4)), 0)
+		if i%2 == 0 {
+			p.Annotations = map[string]string{vgpu.AnnotationGPUModel: "A100"}
+		}
+		pods = append(pods, p)
+	}
+	createAll(t, c, pods)
+	settled := waitSettled(t, c, "chart-", len(pods), 2*time.Minute)
+	for _, b := range append(checkExact(t, c, settled.running), checkCapacity(t, c, settled.running)...) {
+		t.Error(b)
+	}
+	if len(settled.running) != len(pods) {
+		t.Errorf("%d of %d pods Running", len(settled.running), len(pods))
+	}
+	for _, p := range settled.running {
+		if p.Spec.SchedulerName != "gpuslice-scheduler" {
+			t.Errorf("%s: schedulerName %q", p.Name, p.Spec.SchedulerName)
+		}
+	}
+
+	// helm upgrade with changed values: objects follow, the webhook's certificate is kept.
+	secretName := "gpuslice-webhook-tls"
+	before, err := c.Client().CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Helm(ctx, "upgrade", "gpuslice", chartDir(t), "-n", ns, "--reuse-values",
+		"--set", "webhook.failurePolicy=Ignore", "--set", "scheduler.extender.nodePolicy=spread", "--set", "devicePlugin.splitCount=8"); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	after, err := c.Client().CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(before.Data["ca.crt"]) != string(after.Data["ca.crt"]) || string(before.Data["tls.crt"]) != string(after.Data["tls.crt"]) {
+		t.Error("helm upgrade replaced the webhook's CA or certificate; want them kept")
+	}
+	wh, err := c.Client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "gpuslice-webhook", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp := wh.Webhooks[0].FailurePolicy; fp == nil || *fp != "Ignore" {
+		t.Errorf("after upgrade failurePolicy = %v, want Ignore", fp)
+	}
+	if string(wh.Webhooks[0].ClientConfig.CABundle) != string(after.Data["ca.crt"]) {
+		t.Error("after upgrade the webhook's caBundle is not the kept CA")
+	}
+	cm, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, "gpuslice-scheduler", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(cm.Data["extender.yaml"], "nodePolicy: spread") {
+		t.Errorf("after upgrade extender.yaml = %q, want nodePolicy: spread", cm.Data["extender.yaml"])
+	}
+	// A pod still goes through the (still running) webhook.
+	if _, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, slicePod("after-upgrade", 1024, 0), metav1.CreateOptions{}); err != nil {
+		t.Errorf("create a GPU pod after helm upgrade: %v", err)
+	}
+
+	// helm uninstall: nothing of the release is left, and pods can be created with the
+	// webhook's server gone.
+	if out, err := c.Helm(ctx, "uninstall", "gpuslice", "-n", ns, "--wait", "--timeout", "60s"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	if _, err := c.Client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "gpuslice-webhook", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after helm uninstall the MutatingWebhookConfiguration is still there (err %v)", err)
+	}
+	for _, name := range []string{"gpuslice-device-plugin", "gpuslice-scheduler-extender"} {
+		if _, err := c.Client().RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("after helm uninstall ClusterRole %s is still there (err %v)", name, err)
+		}
+	}
+	if err := c.StopWebhook(); err != nil {
+		t.Fatal(err)
+	}
+	plain := slicePod("plain-after-uninstall", 1024, 0)
+	plain.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	if _, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create a pod after helm uninstall with the webhook stopped: %v", err)
+	}
+}
