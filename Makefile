@@ -72,13 +72,17 @@ update: ## Rewrite generated files: gofmt, go mod tidy, replace block, golden fi
 	./test/hack/gen-replace.sh
 	@for m in $(MODULES); do (cd $$m && go mod tidy); done
 	go test $(GOLDEN_PKGS) -run 'Golden' -update
+	cd test && go test ./chart/ -run 'Golden' -update
 
 .PHONY: verify
-verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block drift and stale golden files.
+verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block drift, stale golden files (chart renders too) and helm lint; needs make cluster.
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n "$$bad" ]]; then echo "gofmt needed: $$bad"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && go vet ./... && go mod tidy -diff) || { echo "go vet or go mod tidy drift in $$m (run make update)"; exit 1; }; done
 	./test/hack/gen-replace.sh --verify
 	go test -count=1 -run 'Golden' $(GOLDEN_PKGS)
+	@test -x $(OUT)/cluster/bin/helm || { echo "make verify: $(OUT)/cluster/bin/helm is missing: run make cluster first (it builds helm)"; exit 1; }
+	$(OUT)/cluster/bin/helm lint --strict --kube-version 1.37.2 charts/gpuslice
+	cd test && CI=true go test -count=1 -run 'Golden' ./chart/
 	$(MAKE) lint
 
 .PHONY: clean

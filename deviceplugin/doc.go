@@ -30,5 +30,7 @@
 //
 // The GPU backend (NVML or fake GPUs) and the Kubernetes client are injected
 // through small interfaces, so tests run against the real kubelet device
-// manager with fake GPUs.
+// manager with fake GPUs. ProbeHandler serves the probes and the plugin's
+// Prometheus metrics (registrations, GPU health, Allocate and
+// PreStartContainer results; docs/metrics.md).
 package deviceplugin

@@ -46,13 +46,14 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		}
 	}
 	a := &allocator{
-		cfg:    p.cfg,
-		inv:    inv,
-		lister: newCoalescingLister(newPodResourcesClient(p.cfg.PodResourcesSocket)),
-		claims: claims,
-		clock:  p.opts.Clock,
-		t:      defaultTimings(),
-		logger: logger.WithName("handoff"),
+		cfg:     p.cfg,
+		inv:     inv,
+		lister:  newCoalescingLister(newPodResourcesClient(p.cfg.PodResourcesSocket)),
+		claims:  claims,
+		clock:   p.opts.Clock,
+		t:       defaultTimings(),
+		logger:  logger.WithName("handoff"),
+		metrics: p.metrics,
 	}
 	var stops []func()
 	if p.opts.Client != nil {

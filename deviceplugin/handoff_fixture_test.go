@@ -91,6 +91,16 @@ func (f *fakePodResources) hold(namespace, pod, container string, ids ...string)
 	p.Containers = append(p.Containers, c)
 }
 
+// admit lists namespace/pod without devices, as the kubelet does from the
+// moment it starts admitting a pod until Allocate returns.
+func (f *fakePodResources) admit(namespace, pod string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.pods[namespace+"/"+pod]; !ok {
+		f.pods[namespace+"/"+pod] = &podresourcesapi.PodResources{Namespace: namespace, Name: pod}
+	}
+}
+
 // forget removes a pod, as the kubelet does once it is gone.
 func (f *fakePodResources) forget(namespace, pod string) {
 	f.mu.Lock()

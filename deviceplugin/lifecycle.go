@@ -87,6 +87,9 @@ func (p *Plugin) registerWithRetry(ctx context.Context, ep *endpoint, name strin
 		kubelet, statErr := os.Stat(kubeletSocket)
 		if statErr == nil {
 			err := registerOnce(ctx, ep, kubeletSocket, name, p.cfg.ResourceName, dir)
+			if err == nil || ctx.Err() == nil {
+				p.metrics.registration(err)
+			}
 			switch {
 			case err == nil:
 				return kubelet, nil

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -37,6 +39,12 @@ type Options struct {
 	Clock clock.WithTicker
 	// PluginVersion is reported in the heartbeat.
 	PluginVersion string
+	// Registry receives the plugin's metrics (docs/metrics.md), served on
+	// GET /metrics of ProbeHandler. Nil means a new registry with the Go
+	// runtime and process collectors; a given registry gets only the
+	// plugin's own metrics, and New fails if they are already registered
+	// there.
+	Registry *prometheus.Registry
 }
 
 // Plugin is the node agent for one resource. Create it with New and run it
@@ -47,6 +55,10 @@ type Plugin struct {
 	opts    Options
 
 	reregister chan struct{}
+	metrics    *pluginMetrics
+	// inv is the inventory Run advertises, nil before Run lists the GPUs;
+	// the metrics read GPU health from it.
+	inv atomic.Pointer[inventory]
 
 	mu     sync.Mutex
 	reg    registration
@@ -60,7 +72,8 @@ type registration struct {
 	Socket     string
 }
 
-// New validates cfg and returns a plugin that is not yet running.
+// New validates cfg and returns a plugin that is not yet running, with its
+// metrics registered (Options.Registry).
 func New(cfg Config, backend GPUBackend, opts Options) (*Plugin, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -71,13 +84,19 @@ func New(cfg Config, backend GPUBackend, opts Options) (*Plugin, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Plugin{
+	p := &Plugin{
 		cfg:        cfg,
 		backend:    backend,
 		opts:       opts,
 		reregister: make(chan struct{}, 1),
 		regSig:     make(chan struct{}),
-	}, nil
+	}
+	m, err := newPluginMetrics(p, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	p.metrics = m
+	return p, nil
 }
 
 // Registered reports whether the kubelet has accepted the current endpoint.
@@ -126,6 +145,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.inv.Store(inv)
 	node, _, _ := inv.snapshot()
 	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "devices", len(node.GPUs)*p.cfg.SplitCount)
 

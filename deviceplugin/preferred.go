@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -64,7 +65,7 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
 		}
-		if pick, ok := a.offerPending(containerDevices(pods, a.cfg.ResourceName), avail, must, size); ok {
+		if pick, ok := a.offerPending(containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); ok {
 			return pick
 		}
 		select {
@@ -77,11 +78,30 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 }
 
 // offerPending finds the container preferOne steers for and records the
-// offer.
-func (a *allocator) offerPending(held map[containerRef][]string, avail, must []string, size int) ([]string, bool) {
+// offer. Containers of pods the kubelet already lists (listed: it admits a
+// pod after adding it to its pod manager, which PodResources reads) come
+// first: the kubelet is admitting one of them, while an older pod it has
+// not seen yet cannot be the one asking.
+func (a *allocator) offerPending(held map[containerRef][]string, listed map[string]bool, avail, must []string, size int) ([]string, bool) {
 	now := a.clock.Now()
-	for _, c := range a.pendingContainers(held) {
-		if len(c.Alloc.GPUs) != size || a.claims.recentlyOffered(c.Ref, c.Pod.UID, now.Add(-a.t.ClaimTTL)) {
+	pending := a.pendingContainers(held)
+	slices.SortStableFunc(pending, func(x, y pendingContainer) int {
+		lx, ly := listed[x.Ref.Namespace+"/"+x.Ref.Pod], listed[y.Ref.Namespace+"/"+y.Ref.Pod]
+		switch {
+		case lx == ly:
+			return 0
+		case lx:
+			return -1
+		default:
+			return 1
+		}
+	})
+	for _, c := range pending {
+		// An earlier offer to a container the kubelet lists but that holds no devices
+		// yet went to another container: the kubelet allocates right after asking,
+		// and admits one pod at a time. Only unlisted pods stay skipped after an offer.
+		isListed := listed[c.Ref.Namespace+"/"+c.Ref.Pod]
+		if len(c.Alloc.GPUs) != size || (!isListed && a.claims.recentlyOffered(c.Ref, c.Pod.UID, now.Add(-a.t.ClaimTTL))) {
 			continue
 		}
 		pick, ok := pickDevices(c.Alloc.GPUs, avail, must)
@@ -240,4 +260,13 @@ func allocationGPUs(ca vgpu.ContainerAllocation) []string {
 	}
 	slices.Sort(uuids)
 	return slices.Compact(uuids)
+}
+
+// listedPods returns the namespace/name of every pod in pods.
+func listedPods(pods []*podresourcesapi.PodResources) map[string]bool {
+	out := make(map[string]bool, len(pods))
+	for _, p := range pods {
+		out[p.GetNamespace()+"/"+p.GetName()] = true
+	}
+	return out
 }

@@ -124,6 +124,26 @@ func TestPreferredOffersAreRemembered(t *testing.T) {
 	}
 }
 
+// TestPreferredFollowsTheKubeletsAdmission: the kubelet lists the pod it
+// is admitting; an older pod it has not seen yet is not the one asking, and
+// a listed pod that was offered devices but holds none (the offer went to
+// another container) is offered again.
+func TestPreferredFollowsTheKubeletsAdmission(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	f := newHandoff(t, nil)
+	f.addPod(gpuPod("older", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.addPod(gpuPod("admitted", t0.Add(time.Second), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.podRes.admit("default", "admitted")
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("with pod admitted listed: preferred %v, want %v (its GPU)", got, want)
+	}
+	// The kubelet did not allocate for it (say the admission was retried): asked
+	// again, the plugin offers the listed pod again rather than the older guess.
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("asked again: preferred %v, want %v", got, want)
+	}
+}
+
 func (f *handoffFixture) prefer(avail, must []string, size int32) []string {
 	resp, err := (&endpoint{alloc: f.alloc}).GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
 		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: avail, MustIncludeDeviceIDs: must, AllocationSize: size}},

@@ -19,21 +19,35 @@ import (
 // mode env, checks that Allocate answered for that same container. Any
 // failure fails this start (the kubelet retries) with an error saying why,
 // and a Warning event on the pod when the pod is known. It returns within
-// the start budget, below the kubelet's 30 s timeout.
+// the start budget, below the kubelet's 30 s timeout. Each call is counted
+// in MetricPreStart, a refusal by its event reason.
 func (a *allocator) preStart(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
-	ids, _, err := a.checkIDs(req.GetDevicesIds())
+	result, err := a.startContainer(ctx, req)
+	a.metrics.preStarted(result)
 	if err != nil {
 		return nil, err
+	}
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// startContainer does preStart's work and returns the result label of the
+// call beside its gRPC error.
+func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (string, error) {
+	ids, _, err := a.checkIDs(req.GetDevicesIds())
+	if err != nil {
+		return resultOf(err), err
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.t.Budget)
 	defer cancel()
 	if a.pods == nil {
-		return nil, status.Error(codes.FailedPrecondition, errNoPodView.Error())
+		err := status.Error(codes.FailedPrecondition, errNoPodView.Error())
+		return resultOf(err), err
 	}
 	ref, err := a.findOwner(ctx, ids)
 	if err != nil {
 		a.logger.Info("Refusing container start", "devices", ids, "err", err.Error())
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		err := status.Error(codes.FailedPrecondition, err.Error())
+		return resultOf(err), err
 	}
 	if a.cfg.Mode == ModeEnv {
 		err = a.verifyBinding(ref, ids)
@@ -41,9 +55,14 @@ func (a *allocator) preStart(ctx context.Context, req *pluginapi.PreStartContain
 		err = a.writeSpec(ctx, ref, ids)
 	}
 	if err != nil {
-		return nil, a.report(ref, err)
+		// Labelled with the refusal's reason, else the code reported.
+		reported := a.report(ref, err)
+		if r := (*refusal)(nil); errors.As(err, &r) {
+			return r.Reason, reported
+		}
+		return resultOf(reported), reported
 	}
-	return &pluginapi.PreStartContainerResponse{}, nil
+	return ResultSuccess, nil
 }
 
 // writeSpec writes the CDI spec that gives ref, the holder of ids, its

@@ -5,12 +5,18 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/gpuslice/gpuslice/internal/metricstest"
 )
 
-// TestProbeHandler checks that /readyz follows the registration and /healthz
-// always answers, over a real HTTP server.
+// TestProbeHandler checks that /readyz follows the registration, /healthz
+// always answers and /metrics serves the registered gauge, over a real
+// HTTP server.
 func TestProbeHandler(t *testing.T) {
-	p := &Plugin{regSig: make(chan struct{})}
+	p, err := New(validConfig(), staticBackend{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewServer(p.ProbeHandler())
 	defer srv.Close()
 	get := func(path string) int {
@@ -39,8 +45,15 @@ func TestProbeHandler(t *testing.T) {
 		if got := get("/healthz"); got != s.livenessz {
 			t.Errorf("%s: /healthz = %d, want %d", s.name, got, s.livenessz)
 		}
+		want := 0.0
+		if s.registered {
+			want = 1
+		}
+		if got := metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics")[MetricRegistered]; got != want {
+			t.Errorf("%s: %s = %v, want %v", s.name, MetricRegistered, got, want)
+		}
 	}
-	if got := get("/metrics"); got != http.StatusNotFound {
-		t.Errorf("/metrics = %d, want 404", got)
+	if got := get("/nope"); got != http.StatusNotFound {
+		t.Errorf("/nope = %d, want 404", got)
 	}
 }

@@ -34,7 +34,8 @@ const fieldManager = "gpuslice-scheduler"
 // (best effort) and returns a result with Error; a pod that turns out to be
 // bound to args.Node with its allocation after all counts as bound. The
 // whole call is bounded by Config.BindTimeout. A pod that asks for no GPU
-// is bound without an annotation. The error is non-nil, wrapping
+// is bound without an annotation. Each call with valid arguments is counted
+// in MetricBinds by result. The error is non-nil, wrapping
 // ErrBadArgs, only for arguments kube-scheduler never sends.
 func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*extenderv1.ExtenderBindingResult, error) {
 	switch {
@@ -49,6 +50,7 @@ func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	defer cancel()
 	value, err := s.bind(klog.NewContext(ctx, logger), args)
 	elapsed := s.clock.Since(start)
+	s.metrics.bindResult(err)
 	if err != nil {
 		reason := vgpu.Reason("APIError")
 		var fe *vgpu.FitError

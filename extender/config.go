@@ -41,10 +41,10 @@ type Config struct {
 	// Address is the host:port the HTTP(S) server listens on; an empty host
 	// means every interface.
 	Address string `json:"address"`
-	// HealthAddress, when set, is a second host:port serving only /healthz
-	// and /readyz over plain HTTP, for kubelet probes while Address stays
-	// on loopback or behind client certificates. Empty serves them on
-	// Address only.
+	// HealthAddress, when set, is a second host:port serving only /healthz,
+	// /readyz and /metrics over plain HTTP, for kubelet probes and
+	// Prometheus while Address stays on loopback or behind client
+	// certificates. Empty serves them on Address only.
 	HealthAddress string `json:"healthAddress,omitempty"`
 	// TLSCertFile is the PEM serving certificate (leaf first). Empty serves
 	// plain HTTP. When set, TLSKeyFile must be set too, and the pair is
@@ -112,7 +112,7 @@ func (c Config) Validate() error {
 		if err := validateAddress("healthAddress", c.HealthAddress); err != nil {
 			errs = append(errs, err)
 		} else if c.HealthAddress == c.Address {
-			errs = append(errs, vgpu.InvalidField("healthAddress", c.HealthAddress, "must differ from address (empty serves /healthz and /readyz on address only)"))
+			errs = append(errs, vgpu.InvalidField("healthAddress", c.HealthAddress, "must differ from address (empty serves /healthz, /readyz and /metrics on address only)"))
 		}
 	}
 	switch {

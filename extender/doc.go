@@ -15,6 +15,8 @@
 // Everything is rebuilt from annotations on restart.
 //
 // The HTTP layer (Handler, Serve, Run) only decodes, calls one Scheduler
-// method and encodes. docs/extender.md describes the endpoints, flags and
-// the kube-scheduler configuration.
+// method and encodes; it also serves Prometheus metrics, whose per-GPU
+// gauges are computed from the same state at scrape time (docs/metrics.md).
+// docs/extender.md describes the endpoints, flags and the kube-scheduler
+// configuration.
 package extender

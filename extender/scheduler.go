@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +31,11 @@ type Options struct {
 	// Workload is what the fragmentation policy measures against; nil
 	// means vgpu.DefaultWorkload(). It is only read.
 	Workload *vgpu.Workload
+	// Registry receives the extender's metrics (docs/metrics.md), served
+	// on GET /metrics. Nil means a new registry with the Go runtime and
+	// process collectors; a given registry gets only the extender's own
+	// metrics, and New fails if they are already registered there.
+	Registry *prometheus.Registry
 }
 
 // Scheduler is the extender's logic: it keeps the cluster's GPU state from
@@ -44,11 +50,13 @@ type Scheduler struct {
 	state      *clusterState
 	bindLocks  keyedMutex
 	rejections rejectionCounts
+	metrics    *metrics
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
 }
 
-// New returns a Scheduler for cfg, which it validates. It starts nothing.
+// New returns a Scheduler for cfg, which it validates, with its metrics
+// registered (Options.Registry). It starts nothing.
 func New(cfg Config, opts Options) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -62,7 +70,7 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 	if opts.Workload == nil {
 		opts.Workload = vgpu.DefaultWorkload()
 	}
-	return &Scheduler{
+	s := &Scheduler{
 		cfg:    cfg,
 		client: opts.Client,
 		clock:  opts.Clock,
@@ -70,7 +78,13 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
 		},
 		state: newClusterState(corev1.ResourceName(cfg.ResourceName)),
-	}, nil
+	}
+	m, err := newMetrics(s, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
 }
 
 // Ready reports whether the informers' caches have synced and their

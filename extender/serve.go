@@ -34,8 +34,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 // Serve runs WatchCluster and serves Handler on ln, over TLS when
 // Config.TLSCertFile is set (the pair is read at start, which fails on a bad
-// pair, and again whenever either file changes), and /healthz and /readyz
-// on Config.HealthAddress when set. When ctx ends it stops accepting, lets
+// pair, and again whenever either file changes), and /healthz, /readyz and
+// /metrics on Config.HealthAddress when set. When ctx ends it stops accepting, lets
 // requests in flight finish for up to 10 s, and returns nil; it returns an
 // error when it cannot start or a server or the informers fail. It closes
 // ln.

@@ -17,30 +17,36 @@ import (
 // Handler returns the extender's HTTP API: POST /filter, /prioritize and
 // /bind take and return the k8s.io/kube-scheduler/extender/v1 types as JSON
 // (Go field names as keys); GET /healthz answers 200 while the process
-// serves; GET /readyz answers 200 once the informers synced, else 503.
+// serves; GET /readyz answers 200 once the informers synced, else 503;
+// GET /metrics serves the Prometheus metrics (docs/metrics.md).
 // A body that is empty, not one JSON value of the right shape, of another
 // Content-Type, or without the arguments kube-scheduler always sends gets
 // 400 with a plain-text message; a body above MaxRequestBytes gets 413; a
 // wrong method gets 405. With Config.ClientCAFile, the three POST endpoints
-// answer 403 to callers without a verified client certificate.
+// answer 403 to callers without a verified client certificate; the probes
+// and /metrics stay open. Every answer of the three POST endpoints, 4xx
+// included, is counted and timed in the metrics.
 func (s *Scheduler) Handler() http.Handler {
 	r := mux.NewRouter()
-	r.Handle("/filter", s.authorized(jsonEndpoint(s.Filter))).Methods(http.MethodPost)
-	r.Handle("/prioritize", s.authorized(jsonEndpoint(s.Prioritize))).Methods(http.MethodPost)
-	r.Handle("/bind", s.authorized(jsonEndpoint(s.Bind))).Methods(http.MethodPost)
+	r.Handle("/filter", s.metrics.instrument("filter", s.authorized(jsonEndpoint(s.Filter)))).Methods(http.MethodPost)
+	r.Handle("/prioritize", s.metrics.instrument("prioritize", s.authorized(jsonEndpoint(s.Prioritize)))).Methods(http.MethodPost)
+	r.Handle("/bind", s.metrics.instrument("bind", s.authorized(jsonEndpoint(s.Bind)))).Methods(http.MethodPost)
 	s.healthRoutes(r)
 	return r
 }
 
-// healthHandler serves /healthz and /readyz only, on Config.HealthAddress.
+// healthHandler serves /healthz, /readyz and /metrics only, on
+// Config.HealthAddress.
 func (s *Scheduler) healthHandler() http.Handler {
 	r := mux.NewRouter()
 	s.healthRoutes(r)
 	return r
 }
 
-// healthRoutes adds /healthz, /readyz and the 404 and 405 answers to r.
+// healthRoutes adds /healthz, /readyz, /metrics and the 404 and 405
+// answers to r.
 func (s *Scheduler) healthRoutes(r *mux.Router) {
+	r.Handle("/metrics", s.metrics.handler).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		plain(w, http.StatusOK, "ok")
 	}).Methods(http.MethodGet, http.MethodHead)

@@ -9,8 +9,8 @@
 // deciding again yields no operation.
 //
 // NewHandler is the thin AdmissionReview v1 layer over Mutate (decode,
-// decide, encode), with health and readiness routes; Server serves it over
-// TLS and takes in a renewed certificate without a restart. ServerConfig
-// configures the binary, cmd/gpuslice-webhook. docs/webhook.md shows how to
-// deploy it.
+// decide, encode), with health, readiness and Prometheus metrics routes
+// (docs/metrics.md); Server serves it over TLS and takes in a renewed
+// certificate without a restart. ServerConfig configures the binary,
+// cmd/gpuslice-webhook. docs/webhook.md shows how to deploy it.
 package webhook

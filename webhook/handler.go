@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/gorilla/mux"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -42,10 +43,12 @@ const maxRequestBytes = 6 << 20
 var admissionReviewAPIVersion = admissionv1.SchemeGroupVersion.String()
 
 // NewHandler returns the webhook's HTTP routes for cfg: POST MutatePath,
-// GET HealthzPath and GET ReadyzPath (always ready: only a Server knows
-// about certificates). Other methods on these paths get 405, other paths
-// 404. It returns an error when cfg fails Validate. The handler is safe for
-// concurrent use and logs with the request context's klog logger.
+// GET HealthzPath, GET ReadyzPath (always ready: only a Server knows
+// about certificates) and GET MetricsPath, which serves the handler's own
+// metrics registry (docs/metrics.md). Other methods on these paths get
+// 405, other paths 404. It returns an error when cfg fails Validate. The
+// handler is safe for concurrent use and logs with the request context's
+// klog logger.
 //
 // MutatePath answers, in HTTP terms: 415 unless the Content-Type is
 // application/json; 413 for a body over a few MiB; 400 for an empty or
@@ -62,19 +65,28 @@ var admissionReviewAPIVersion = admissionv1.SchemeGroupVersion.String()
 //     BadRequest) otherwise;
 //   - for a request.object that does not decode as a Pod: denied, 400,
 //     naming the decoding error.
+//
+// Each answered review is counted in MetricAdmissions by Decision and
+// AdmissionReason and timed in MetricAdmissionDuration; each request
+// answered with an HTTP error instead is counted in MetricInvalidRequests.
 func NewHandler(cfg Config) (http.Handler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	return newRouter(cfg, func() error { return nil }), nil
+	m, err := newMetrics()
+	if err != nil {
+		return nil, err
+	}
+	return newRouter(cfg, func() error { return nil }, m), nil
 }
 
 // newRouter returns the routes of NewHandler for a valid cfg, with ready as
-// the readiness check.
-func newRouter(cfg Config, ready func() error) *mux.Router {
-	h := &handler{cfg: cfg}
+// the readiness check and m as the metrics.
+func newRouter(cfg Config, ready func() error, m *metrics) *mux.Router {
+	h := &handler{cfg: cfg, metrics: m}
 	r := mux.NewRouter()
 	r.HandleFunc(MutatePath, h.serveMutate).Methods(http.MethodPost)
+	r.Handle(MetricsPath, m.handler).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
 	}).Methods(http.MethodGet, http.MethodHead)
@@ -88,23 +100,27 @@ func newRouter(cfg Config, ready func() error) *mux.Router {
 	return r
 }
 
-// handler serves MutatePath; it holds no mutable state.
+// handler serves MutatePath; it holds no mutable state but its metrics.
 type handler struct {
-	cfg Config
+	cfg     Config
+	metrics *metrics
 }
 
 // serveMutate decodes an AdmissionReview, decides and encodes the answer.
 func (h *handler) serveMutate(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	logger := klog.FromContext(r.Context())
 	review, status, err := decodeReview(w, r)
 	if err != nil {
 		logger.V(1).Info("Rejected an admission request", "status", status, "err", err, "remote", r.RemoteAddr)
 		writeText(w, status, err.Error())
+		h.metrics.rejected(status)
 		return
 	}
 	req := review.Request
 	logger = logger.WithValues("uid", req.UID, "namespace", req.Namespace, "name", req.Name, "operation", req.Operation)
-	resp := h.review(req)
+	resp, reason := h.review(req)
+	defer func() { h.metrics.admitted(reason, time.Since(start)) }()
 	switch {
 	case !resp.Allowed:
 		logger.V(1).Info("Denied a pod", "code", resp.Result.Code, "message", resp.Result.Message)
@@ -120,6 +136,7 @@ func (h *handler) serveMutate(w http.ResponseWriter, r *http.Request) {
 	if err != nil { // Not expected: every field marshals.
 		logger.Error(err, "Cannot encode the admission response")
 		writeText(w, http.StatusInternalServerError, "cannot encode the admission response: "+err.Error())
+		reason = ReasonInternalError
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -162,20 +179,21 @@ func decodeReview(w http.ResponseWriter, r *http.Request) (*admissionv1.Admissio
 	return review, http.StatusOK, nil
 }
 
-// review returns the response to req, which has a UID.
-func (h *handler) review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+// review returns the response to req, which has a UID, and the reason for
+// the metrics.
+func (h *handler) review(req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, AdmissionReason) {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Kind.Group != corev1.GroupName || req.Kind.Version != "v1" || req.Kind.Kind != "Pod" ||
 		req.SubResource != "" || req.Operation != admissionv1.Create {
-		return resp
+		return resp, ReasonNotPodCreate
 	}
 	raw := bytes.TrimSpace(req.Object.Raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return denied(resp, http.StatusBadRequest, "request.object: missing: a pod CREATE must carry the pod")
+		return denied(resp, http.StatusBadRequest, "request.object: missing: a pod CREATE must carry the pod"), ReasonMalformedPod
 	}
 	pod := &corev1.Pod{}
 	if err := json.Unmarshal(raw, pod); err != nil {
-		return denied(resp, http.StatusBadRequest, "request.object: cannot decode the pod: "+err.Error())
+		return denied(resp, http.StatusBadRequest, "request.object: cannot decode the pod: "+err.Error()), ReasonMalformedPod
 	}
 	if req.Namespace != "" {
 		// The request's namespace comes from the URL; a pod created there
@@ -183,28 +201,31 @@ func (h *handler) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 		pod.Namespace = req.Namespace
 	}
 	if pod.Namespace == "" {
-		return denied(resp, http.StatusBadRequest, "request.namespace: empty: a pod must be created in a namespace")
+		return denied(resp, http.StatusBadRequest, "request.namespace: empty: a pod must be created in a namespace"), ReasonMalformedPod
 	}
 	res, err := Mutate(pod, h.cfg)
 	switch {
 	case err != nil: // Not expected: the pod is set and the Config valid.
-		return denied(resp, http.StatusInternalServerError, "gpuslice webhook: "+err.Error())
+		return denied(resp, http.StatusInternalServerError, "gpuslice webhook: "+err.Error()), ReasonInternalError
 	case !res.Allowed:
-		code := int32(http.StatusBadRequest)
 		if _, forged := pod.Annotations[vgpu.AnnotationPodAllocation]; forged {
-			code = http.StatusForbidden
+			return denied(resp, http.StatusForbidden, res.Message), ReasonForgedAllocation
 		}
-		return denied(resp, code, res.Message)
+		return denied(resp, http.StatusBadRequest, res.Message), ReasonInvalidGPURequest
+	case res.Skipped && h.cfg.excluded(pod.Namespace):
+		return resp, ReasonExcludedNamespace
+	case res.Skipped:
+		return resp, ReasonNotGPUPod
 	case len(res.Patch) == 0:
-		return resp
+		return resp, ReasonGPUPodUnchanged
 	}
 	patch, err := json.Marshal(res.Patch)
 	if err != nil { // Not expected: the values are strings and string maps.
-		return denied(resp, http.StatusInternalServerError, "gpuslice webhook: cannot encode the patch: "+err.Error())
+		return denied(resp, http.StatusInternalServerError, "gpuslice webhook: cannot encode the patch: "+err.Error()), ReasonInternalError
 	}
 	patchType := admissionv1.PatchTypeJSONPatch
 	resp.Patch, resp.PatchType = patch, &patchType
-	return resp
+	return resp, ReasonGPUPod
 }
 
 // denied turns resp into a denial with code and message.

@@ -33,15 +33,19 @@ const (
 // next handshake on, without a restart; connections already open keep the
 // certificate they began with. A pair that does not parse is logged and the
 // previous one kept. GET ReadyzPath answers 503 while the certificate in use
-// is outside its validity period.
+// is outside its validity period. GET MetricsPath serves the Server's
+// metrics, one registry for every listener it serves on.
 type Server struct {
 	cfg     ServerConfig
 	keyPair *keyPairFiles
+	metrics *metrics
 }
 
-// NewServer validates cfg and loads its certificate once. Its error wraps
-// the *vgpu.FieldError of each invalid field, an unreadable certificate or
-// key file, or a certificate that does not match its key, included.
+// NewServer validates cfg, loads its certificate once and creates the
+// Server's metrics registry (with the Go runtime and process collectors).
+// Its error wraps the *vgpu.FieldError of each invalid field, an
+// unreadable certificate or key file, or a certificate that does not match
+// its key, included.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
@@ -50,7 +54,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	return &Server{cfg: cfg, keyPair: keyPair}, nil
+	m, err := newMetrics()
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, keyPair: keyPair, metrics: m}, nil
 }
 
 // Run listens on ServerConfig.Address and serves until ctx is done; see
@@ -72,7 +80,7 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	logger := klog.FromContext(ctx)
 	srv := &http.Server{
-		Handler: newRouter(s.cfg.Config, func() error { return s.keyPair.ready(logger, time.Now()) }),
+		Handler: newRouter(s.cfg.Config, func() error { return s.keyPair.ready(logger, time.Now()) }, s.metrics),
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {

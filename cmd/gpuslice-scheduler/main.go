@@ -80,7 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	configFile := fs.String("config", "", "YAML or JSON file with the extender configuration; flags given on the command line override it")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: in-cluster)")
 	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port to serve on")
-	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "optional second host:port serving only /healthz and /readyz over plain HTTP, for probes")
+	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "optional second host:port serving only /healthz, /readyz and /metrics over plain HTTP, for probes and scraping")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "PEM serving certificate; serves HTTPS when set and re-reads it when it changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file")
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", cfg.ClientCAFile, "PEM CA bundle; when set, /filter, /prioritize and /bind require a client certificate it signed (needs --tls-cert-file)")

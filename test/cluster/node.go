@@ -279,6 +279,7 @@ func (n *Node) StartPlugin() error {
 		"--pod-resources-socket=" + n.PodResourcesSocket(),
 		"--cdi-spec-dir=" + n.CDISpecDir(),
 		"--kubeconfig=" + n.c.State.Kubeconfig,
+		"--v=2",
 	}
 	p, err := n.c.start(n.Name+"/device-plugin", n.c.State.PluginPath, append(args, n.PluginArgs...), n.Dir)
 	if err != nil {

@@ -231,3 +231,30 @@ func procStat(pid int) (stat, error) {
 	}
 	return stat{state: f[0][0], pgrp: pgrp, startTime: start}, nil
 }
+
+// Memory returns the process's resident memory now and its peak (VmRSS and VmHWM of
+// /proc/PID/status), in KiB.
+func (p *Process) Memory() (rssKiB, peakKiB int64, err error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.PID), "status"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", p.Name, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		switch k {
+		case "VmRSS":
+			rssKiB = n
+		case "VmHWM":
+			peakKiB = n
+		}
+	}
+	return rssKiB, peakKiB, nil
+}

@@ -146,6 +146,14 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 			t.Errorf("%s: schedulerName %q", p.Name, p.Spec.SchedulerName)
 		}
 	}
+	// The footprint the chart's resource requests and limits are set from.
+	for _, p := range c.State.Processes {
+		if strings.Contains(p.Name, "gpuslice") || strings.HasSuffix(p.Name, "device-plugin") || p.Name == "kube-scheduler" {
+			if rss, peak, err := p.Memory(); err == nil {
+				t.Logf("memory of %s: %d MiB resident, %d MiB peak", p.Name, rss/1024, peak/1024)
+			}
+		}
+	}
 
 	// helm upgrade with changed values: objects follow, the webhook's certificate is kept.
 	secretName := "gpuslice-webhook-tls"

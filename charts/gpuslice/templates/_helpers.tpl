@@ -48,29 +48,56 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.fullname" . }}-scheduler{{- end -}}
 {{- define "gpuslice.webhookName" -}}{{ include "gpuslice.fullname" . }}-webhook{{- end -}}
 
-{{/* imagePullSecrets block of a pod spec. */}}
+{{/* imagePullSecrets block of a pod spec, or nothing. Callers indent it only when it is not empty
+(with include ... | nindent), so that no blank line is left behind. */}}
 {{- define "gpuslice.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
-{{- toYaml . | nindent 2 }}
-{{- end }}
+{{ toYaml . | indent 2 }}
+{{- end -}}
 {{- end -}}
 
-{{/* Fail early on values the schema cannot express. */}}
+{{/* Stop rendering with the message (a string naming the value, what it is and what is allowed).
+`helm lint` runs templates in lint mode, where fail only logs and rendering goes on: the include
+of a template that does not exist then stops lint too, with an error that carries the message. */}}
+{{- define "gpuslice.fail" -}}
+{{- fail . -}}
+{{- include (printf "invalid values: %s" .) dict -}}
+{{- end -}}
+
+{{/* Fail early on values the schema cannot express. Rendered by templates/validate.yaml. */}}
 {{- define "gpuslice.validate" -}}
 {{- $names := dict -}}
-{{- range .Values.devicePlugin.nodeConfigs -}}
-{{- if hasKey $names .name -}}
-{{- fail (printf "devicePlugin.nodeConfigs: name %q is used twice; each node configuration needs its own name" .name) -}}
+{{- range $i, $c := .Values.devicePlugin.nodeConfigs -}}
+{{- if hasKey $names $c.name -}}
+{{- include "gpuslice.fail" (printf "devicePlugin.nodeConfigs[%d].name=%s: already used by devicePlugin.nodeConfigs[%d]; each node configuration needs its own name" $i $c.name (get $names $c.name)) -}}
 {{- end -}}
-{{- $_ := set $names .name true -}}
+{{- $_ := set $names $c.name $i -}}
 {{- end -}}
-{{- if eq .Values.scheduler.schedulerName "default-scheduler" -}}
-{{- fail "scheduler.schedulerName=default-scheduler: must not be the stock profile; GPU pods must reach the profile that calls the gpuslice extender (e.g. gpuslice-scheduler)" -}}
+{{- $s := .Values.scheduler -}}
+{{- if eq $s.schedulerName "default-scheduler" -}}
+{{- include "gpuslice.fail" "scheduler.schedulerName=default-scheduler: must not be the stock profile; GPU pods must reach the profile that calls the gpuslice extender (e.g. gpuslice-scheduler)" -}}
 {{- end -}}
-{{- if and .Values.scheduler.podDisruptionBudget.enabled (ge (int .Values.scheduler.podDisruptionBudget.minAvailable) (int .Values.scheduler.replicas)) (gt (int .Values.scheduler.replicas) 1) -}}
-{{- fail (printf "scheduler.podDisruptionBudget.minAvailable=%v: must be below scheduler.replicas=%v, or no node could ever be drained" .Values.scheduler.podDisruptionBudget.minAvailable .Values.scheduler.replicas) -}}
+{{- if and $s.podDisruptionBudget.enabled (gt (int $s.replicas) 1) (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) -}}
+{{- include "gpuslice.fail" (printf "scheduler.podDisruptionBudget.minAvailable=%v: must be from 0 to scheduler.replicas-1 (%d), or no node could ever be drained" $s.podDisruptionBudget.minAvailable (sub (int $s.replicas) 1)) -}}
 {{- end -}}
+{{- if and (not $s.leaderElection.enabled) (gt (int $s.replicas) 1) -}}
+{{- include "gpuslice.fail" (printf "scheduler.leaderElection.enabled=false: needs scheduler.replicas=1 (got %v); schedulers without leader election would all schedule and bind the same pods" $s.replicas) -}}
+{{- end -}}
+{{- with .Values.webhook.certManager -}}
+{{- if and .enabled .issuerRef (not .issuerRef.name) -}}
+{{- include "gpuslice.fail" "webhook.certManager.issuerRef.name: required when issuerRef is set (the name of an existing Issuer or ClusterIssuer); leave issuerRef empty ({}) for a self-signed Issuer" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The webhook binary's configuration file (webhook.ServerConfig). */}}
+{{- define "gpuslice.webhookConfig" -}}
+address: ":{{ .Values.webhook.port }}"
+tlsCertFile: /etc/gpuslice/tls/tls.crt
+tlsKeyFile: /etc/gpuslice/tls/tls.key
+schedulerName: {{ .Values.scheduler.schedulerName }}
+excludedNamespaces: {{ include "gpuslice.webhookExcludedNamespaces" . }}
 {{- end -}}
 
 {{/* Namespaces the webhook never sees, as a JSON list: the configured ones and the release's own. */}}

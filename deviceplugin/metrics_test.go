@@ -1,0 +1,194 @@
+package deviceplugin
+
+import (
+	"context"
+	"net"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/metricstest"
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// fakeRegistration is a kubelet Registration service that refuses the
+// first refuse calls and accepts the rest. It does not dial the plugin
+// back: the real kubelet's side is tested in test/deviceplugin.
+type fakeRegistration struct {
+	pluginapi.UnimplementedRegistrationServer
+	mu     sync.Mutex
+	refuse int
+	calls  int
+}
+
+func (f *fakeRegistration) Register(context.Context, *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.calls <= f.refuse {
+		return nil, status.Error(codes.Unknown, "fake kubelet: refused")
+	}
+	return &pluginapi.Empty{}, nil
+}
+
+// eventBackend serves fixed GPUs and forwards the health events a test
+// sends.
+type eventBackend struct {
+	gpus   []vgpu.GPU
+	events chan vgpu.HealthEvent
+}
+
+func (b *eventBackend) GPUs() ([]vgpu.GPU, error) { return b.gpus, nil }
+
+func (b *eventBackend) WatchHealth(ctx context.Context, out chan<- vgpu.HealthEvent) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-b.events:
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+// TestMetricsLifecycle runs a plugin against a kubelet that refuses its
+// first Register, then scrapes /metrics of ProbeHandler: one failed and one
+// successful registration, the registered gauge, and each GPU's health,
+// which follows a device fault.
+func TestMetricsLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "unix", filepath.Join(dir, kubeletSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(kubelet, &fakeRegistration{refuse: 1})
+	go func() { _ = kubelet.Serve(ln) }()
+	defer kubelet.Stop()
+
+	cfg := validConfig()
+	cfg.DevicePluginDir, cfg.CDISpecDir, cfg.StateDir = dir, t.TempDir(), t.TempDir()
+	cfg.PodResourcesSocket = filepath.Join(dir, "no-pod-resources.sock")
+	backend := &eventBackend{gpus: testGPUs(), events: make(chan vgpu.HealthEvent)}
+	p, err := New(cfg, backend, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.ProbeHandler())
+	defer srv.Close()
+	scrape := func() map[string]float64 {
+		return metricstest.Pick(metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics"),
+			MetricRegistrations, MetricRegistered, MetricGPUHealthy)
+	}
+	before := map[string]float64{
+		`gpuslice_deviceplugin_registrations_total{result="success"}`: 0,
+		`gpuslice_deviceplugin_registrations_total{result="failure"}`: 0,
+		`gpuslice_deviceplugin_registered`:                            0,
+	}
+	if diff := cmp.Diff(before, scrape()); diff != "" {
+		t.Errorf("metrics before Run (-want +got):\n%s", diff)
+	}
+
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.DefaultConfig)))
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitUntil(t, "registered", p.Registered)
+	want := map[string]float64{
+		`gpuslice_deviceplugin_registrations_total{result="success"}`:                       1,
+		`gpuslice_deviceplugin_registrations_total{result="failure"}`:                       1,
+		`gpuslice_deviceplugin_registered`:                                                  1,
+		`gpuslice_deviceplugin_gpu_healthy{gpu="GPU-aaaaaaaa-0000-0000-0000-000000000000"}`: 1,
+		`gpuslice_deviceplugin_gpu_healthy{gpu="GPU-aaaaaaaa-0000-0000-0000-000000000001"}`: 1,
+		`gpuslice_deviceplugin_gpu_healthy{gpu="GPU-bbbbbbbb-0000-0000-0000-000000000002"}`: 1,
+	}
+	if diff := cmp.Diff(want, scrape()); diff != "" {
+		t.Errorf("metrics once registered (-want +got):\n%s", diff)
+	}
+
+	backend.events <- vgpu.HealthEvent{UUID: "GPU-bbbbbbbb-0000-0000-0000-000000000002", Health: vgpu.Unhealthy, Reason: "XID 79"}
+	series := `gpuslice_deviceplugin_gpu_healthy{gpu="GPU-bbbbbbbb-0000-0000-0000-000000000002"}`
+	waitUntil(t, "the faulty GPU unhealthy in the metrics", func() bool { return scrape()[series] == 0 })
+}
+
+// TestMetricsHandoff counts Allocate and PreStartContainer results: success,
+// a refusal by its event reason, other failures by gRPC code.
+func TestMetricsHandoff(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	reg := prometheus.NewRegistry()
+	p, err := New(f.cfg, staticBackend{}, Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.alloc.metrics = p.metrics
+	good, missing, unheld := DeviceID(gpuA, 1), DeviceID(gpuA, 2), DeviceID(gpuB, 3)
+
+	if _, err := f.allocate(good); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.allocate("nvidia0"); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("allocate(nvidia0) = %v, want InvalidArgument", err)
+	}
+	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.addPod(gpuPod("bare", time.Now(), nil, "main"))
+	f.podRes.hold("default", "p", "main", good)
+	f.podRes.hold("default", "bare", "main", missing)
+	for _, tt := range []struct {
+		id   string
+		want codes.Code
+	}{{good, codes.OK}, {good, codes.OK}, {missing, codes.FailedPrecondition}, {unheld, codes.FailedPrecondition}, {"nvidia0", codes.InvalidArgument}} {
+		if err := f.preStart(tt.id); status.Code(err) != tt.want {
+			t.Fatalf("preStart(%s) = %v, want %v", tt.id, err, tt.want)
+		}
+	}
+
+	srv := httptest.NewServer(p.ProbeHandler())
+	defer srv.Close()
+	got := metricstest.Pick(metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricAllocate, MetricPreStart)
+	want := map[string]float64{
+		`gpuslice_deviceplugin_allocate_total{result="success"}`:              1,
+		`gpuslice_deviceplugin_allocate_total{result="InvalidArgument"}`:      1,
+		`gpuslice_deviceplugin_prestart_total{result="success"}`:              2,
+		`gpuslice_deviceplugin_prestart_total{result="GPUAllocationMissing"}`: 1,
+		`gpuslice_deviceplugin_prestart_total{result="FailedPrecondition"}`:   1,
+		`gpuslice_deviceplugin_prestart_total{result="InvalidArgument"}`:      1,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("metrics (-want +got):\n%s", diff)
+	}
+	if _, ok := metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics")["go_goroutines"]; ok {
+		t.Error("a given Registry got the Go collector added")
+	}
+}
+
+// waitUntil polls cond for up to 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}

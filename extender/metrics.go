@@ -1,0 +1,228 @@
+package extender
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// Metric names the extender exposes on GET /metrics; docs/metrics.md
+// describes each one.
+const (
+	MetricRequests             = "gpuslice_extender_requests_total"
+	MetricRequestDuration      = "gpuslice_extender_request_duration_seconds"
+	MetricFilterRejections     = "gpuslice_extender_filter_rejections_total"
+	MetricBinds                = "gpuslice_extender_binds_total"
+	MetricGPUMemoryAllocated   = "gpuslice_gpu_memory_allocated_mib"
+	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
+	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
+	MetricGPUMemorySchedulable = "gpuslice_gpu_memory_schedulable_mib"
+)
+
+// Values of the result label of MetricBinds.
+const (
+	// BindSuccess: the pod is bound, with its allocation when it asks for
+	// GPUs.
+	BindSuccess = "success"
+	// BindUnfit: the pod no longer fits the node kube-scheduler chose
+	// (the state changed since Filter, or another bind took the room).
+	BindUnfit = "unfit"
+	// BindError: any other failure: the pod changed or went, an API
+	// request failed or timed out, the pod's request is invalid.
+	BindError = "error"
+)
+
+// reasonUnknown labels a rejection whose reason is empty (an error of
+// vgpu.Fit that is not a *vgpu.FitError).
+const reasonUnknown = "Unknown"
+
+// verbs are the endpoints counted by MetricRequests, by path.
+var verbs = []string{"filter", "prioritize", "bind"}
+
+// durationBuckets span Filter over one node (well below a millisecond) to
+// a Bind that waits out Config.BindTimeout.
+var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// metrics are the Scheduler's Prometheus metrics; they are registered once,
+// in New, and safe for concurrent use.
+type metrics struct {
+	// handler serves the registry in the Prometheus exposition formats.
+	handler http.Handler
+	// requests and durations are curried per verb.
+	requests  map[string]*prometheus.CounterVec
+	durations map[string]prometheus.ObserverVec
+	binds     *prometheus.CounterVec
+}
+
+// newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
+// registry with the Go runtime and process collectors.
+func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		if err := errors.Join(
+			reg.Register(collectors.NewGoCollector()),
+			reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
+		); err != nil {
+			return nil, fmt.Errorf("extender: metrics: %w", err)
+		}
+	}
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricRequests,
+		Help: "HTTP requests to the extender's filter, prioritize and bind endpoints, by verb and HTTP status code.",
+	}, []string{"verb", "code"})
+	durations := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    MetricRequestDuration,
+		Help:    "Time to answer kube-scheduler's filter, prioritize and bind requests, from the request headers to the last byte written, by verb.",
+		Buckets: durationBuckets,
+	}, []string{"verb"})
+	binds := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricBinds,
+		Help: "Bind calls by result: success, unfit (the pod no longer fits the chosen node) or error.",
+	}, []string{"result"})
+	for _, r := range []string{BindSuccess, BindUnfit, BindError} {
+		binds.WithLabelValues(r)
+	}
+	m := &metrics{
+		handler:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		requests:  map[string]*prometheus.CounterVec{},
+		durations: map[string]prometheus.ObserverVec{},
+		binds:     binds,
+	}
+	for _, verb := range verbs {
+		c, err := requests.CurryWith(prometheus.Labels{"verb": verb})
+		if err != nil {
+			return nil, fmt.Errorf("extender: metrics: %w", err)
+		}
+		d, err := durations.CurryWith(prometheus.Labels{"verb": verb})
+		if err != nil {
+			return nil, fmt.Errorf("extender: metrics: %w", err)
+		}
+		m.requests[verb], m.durations[verb] = c, d
+	}
+	if err := errors.Join(
+		reg.Register(requests),
+		reg.Register(durations),
+		reg.Register(binds),
+		reg.Register(&stateCollector{s: s}),
+	); err != nil {
+		return nil, fmt.Errorf("extender: metrics: %w", err)
+	}
+	return m, nil
+}
+
+// instrument counts and times the requests h answers for verb.
+func (m *metrics) instrument(verb string, h http.Handler) http.Handler {
+	return promhttp.InstrumentHandlerDuration(m.durations[verb], promhttp.InstrumentHandlerCounter(m.requests[verb], h))
+}
+
+// bindResult counts one Bind by its outcome: err is what bind returned.
+func (m *metrics) bindResult(err error) {
+	var fe *vgpu.FitError
+	switch {
+	case err == nil:
+		m.binds.WithLabelValues(BindSuccess).Inc()
+	case errors.As(err, &fe):
+		m.binds.WithLabelValues(BindUnfit).Inc()
+	default:
+		m.binds.WithLabelValues(BindError).Inc()
+	}
+}
+
+// Descriptions of the series stateCollector computes at scrape time.
+var (
+	rejectionsDesc = prometheus.NewDesc(MetricFilterRejections,
+		"Nodes Filter turned away since the extender started, by reason: vgpu's Fit reasons and the extender's readiness reasons (Scheduler.Rejections).",
+		[]string{"reason"}, nil)
+	memoryAllocatedDesc = prometheus.NewDesc(MetricGPUMemoryAllocated,
+		"GPU memory held by the slices of pods bound to the GPU or being bound, in MiB, each pod counted at its peak.",
+		[]string{"node", "gpu"}, nil)
+	coresAllocatedDesc = prometheus.NewDesc(MetricGPUCoresAllocated,
+		"GPU compute reserved by the slices of pods bound to the GPU or being bound, in percent of the GPU.",
+		[]string{"node", "gpu"}, nil)
+	slicesAllocatedDesc = prometheus.NewDesc(MetricGPUSlicesAllocated,
+		"Slices (containers) held on the GPU by pods bound to it or being bound.",
+		[]string{"node", "gpu"}, nil)
+	memorySchedulableDesc = prometheus.NewDesc(MetricGPUMemorySchedulable,
+		"GPU memory slices may use, in MiB, as the node's device plugin published it (total minus reserve, times the memory scaling).",
+		[]string{"node", "gpu"}, nil)
+)
+
+// stateCollector computes the rejection counters and the per-GPU gauges
+// from the Scheduler's in-memory state when Prometheus scrapes; it makes
+// no API call.
+type stateCollector struct {
+	s *Scheduler
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{rejectionsDesc, memoryAllocatedDesc, coresAllocatedDesc, slicesAllocatedDesc, memorySchedulableDesc} {
+		ch <- d
+	}
+}
+
+// gpuSample is one GPU's figures, copied under the state's read lock.
+type gpuSample struct {
+	node, gpu         string
+	memoryMiB         int64
+	coresPercent      int
+	slices            int
+	schedulableMemMiB int64
+}
+
+// Collect implements prometheus.Collector. It copies what it needs under
+// the state's read lock and sends nothing while holding it, so a slow
+// scrape never holds up the informers or a Bind.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.s.Rejections() {
+		label := string(reason)
+		if label == "" {
+			label = reasonUnknown
+		}
+		ch <- constMetric(rejectionsDesc, prometheus.CounterValue, float64(n), label)
+	}
+	for _, g := range c.s.state.gpuSamples() {
+		ch <- constMetric(memoryAllocatedDesc, prometheus.GaugeValue, float64(g.memoryMiB), g.node, g.gpu)
+		ch <- constMetric(coresAllocatedDesc, prometheus.GaugeValue, float64(g.coresPercent), g.node, g.gpu)
+		ch <- constMetric(slicesAllocatedDesc, prometheus.GaugeValue, float64(g.slices), g.node, g.gpu)
+		ch <- constMetric(memorySchedulableDesc, prometheus.GaugeValue, float64(g.schedulableMemMiB), g.node, g.gpu)
+	}
+}
+
+// gpuSamples returns the figures of every GPU in the inventory of every
+// Node that exists and published a valid one.
+func (st *clusterState) gpuSamples() []gpuSample {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	var out []gpuSample
+	for name, n := range st.nodes {
+		if !n.known || n.inventoryErr != nil {
+			continue
+		}
+		for _, g := range n.inventory.GPUs {
+			u := n.usage.GPU(g.UUID)
+			out = append(out, gpuSample{
+				node: name, gpu: g.UUID,
+				memoryMiB: u.MemoryMiB, coresPercent: u.CoresPercent, slices: u.Slices,
+				schedulableMemMiB: g.SchedulableMemoryMiB,
+			})
+		}
+	}
+	return out
+}
+
+// constMetric is a constant sample, or an invalid metric that makes the
+// scrape report the error (never a panic).
+func constMetric(desc *prometheus.Desc, kind prometheus.ValueType, v float64, labels ...string) prometheus.Metric {
+	m, err := prometheus.NewConstMetric(desc, kind, v, labels...)
+	if err != nil {
+		return prometheus.NewInvalidMetric(desc, err)
+	}
+	return m
+}

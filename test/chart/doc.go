@@ -1,0 +1,20 @@
+// Package chart holds the render tests of the Helm chart in charts/gpuslice.
+// They run the real helm binary that hack/build-cluster.sh builds into
+// _output/cluster/bin (found like the local cluster's binaries, see
+// cluster.FindBinDir) and need no cluster:
+//
+//   - TestChartGolden renders each values file of testdata/values with
+//     `helm template`, lints it with `helm lint --strict`, compares the
+//     render with testdata/golden/<name>.yaml (generated certificates
+//     masked; regenerate with `go test ./chart/ -update`), and checks
+//     invariants in Go: standard labels, namespaces, container hardening,
+//     the webhook's excluded namespaces, and that every component
+//     configuration in a ConfigMap loads and validates with the gpuslice
+//     binary's own loader (and kube-scheduler's for its configuration), so a
+//     chart/binary mismatch fails here rather than in a cluster.
+//   - TestChartRejectsBadValues checks that bad values fail both `helm
+//     template` and `helm lint` with an error naming the value and what is
+//     allowed.
+//
+// Without a built helm the tests skip, except with CI=true, where they fail.
+package chart
