@@ -6,10 +6,10 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpuslice/gpuslice/internal/registry"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -48,12 +48,9 @@ type pluginMetrics struct {
 // registry with the Go runtime and process collectors.
 func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, error) {
 	if reg == nil {
-		reg = prometheus.NewRegistry()
-		if err := errors.Join(
-			reg.Register(collectors.NewGoCollector()),
-			reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
-		); err != nil {
-			return nil, fmt.Errorf("deviceplugin: metrics: %w", err)
+		var err error
+		if reg, err = registry.New(); err != nil {
+			return nil, fmt.Errorf("deviceplugin: %w", err)
 		}
 	}
 	m := &pluginMetrics{

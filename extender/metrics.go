@@ -6,9 +6,9 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpuslice/gpuslice/internal/registry"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -64,12 +64,9 @@ type metrics struct {
 // registry with the Go runtime and process collectors.
 func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	if reg == nil {
-		reg = prometheus.NewRegistry()
-		if err := errors.Join(
-			reg.Register(collectors.NewGoCollector()),
-			reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
-		); err != nil {
-			return nil, fmt.Errorf("extender: metrics: %w", err)
+		var err error
+		if reg, err = registry.New(); err != nil {
+			return nil, fmt.Errorf("extender: %w", err)
 		}
 	}
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{

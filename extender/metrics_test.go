@@ -3,7 +3,6 @@ package extender
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"testing"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -130,40 +128,11 @@ func TestMetricsRegistry(t *testing.T) {
 // listener too, where Prometheus scrapes it in the chart, with the Go
 // runtime metrics of the default registry.
 func TestMetricsOnHealthAddress(t *testing.T) {
-	free, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	healthAddr := free.Addr().String()
-	_ = free.Close()
-	cfg := testConfig()
-	cfg.HealthAddress = healthAddr
-	s, err := New(cfg, Options{Client: fake.NewClientset()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
-	waitFor(t, "/readyz on the health address", func() bool {
-		code, _ := getNoFail("http://" + healthAddr + "/readyz")
-		return code == http.StatusOK
-	})
-	if code, _ := postRaw(t, "http://"+ln.Addr().String()+"/filter", "application/json", []byte("{}"), nil); code != http.StatusBadRequest {
+	srv := serveWithHealth(t)
+	if code, _ := postRaw(t, srv.api+"/filter", "application/json", []byte("{}"), nil); code != http.StatusBadRequest {
 		t.Fatalf("/filter on the API address: HTTP %d, want 400", code)
 	}
-	for _, base := range []string{"http://" + healthAddr, "http://" + ln.Addr().String()} {
+	for _, base := range []string{srv.health, srv.api} {
 		got := metricstest.Scrape(t, nil, base+"/metrics")
 		if v := got[`gpuslice_extender_requests_total{code="400",verb="filter"}`]; v != 1 {
 			t.Errorf("%s/metrics: filter 400 count %v, want 1", base, v)

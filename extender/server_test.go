@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -259,6 +260,28 @@ func TestServeClientCA(t *testing.T) {
 // TestServeHealthAddress checks that HealthAddress serves the probes, and
 // only them, beside the API listener.
 func TestServeHealthAddress(t *testing.T) {
+	srv := serveWithHealth(t)
+	if code, _ := postRaw(t, srv.health+"/filter", "application/json", []byte("{}"), nil); code != http.StatusNotFound {
+		t.Errorf("/filter on the health address: HTTP %d, want 404", code)
+	}
+	if code, _ := postRaw(t, srv.api+"/filter", "application/json", []byte("{}"), nil); code != http.StatusBadRequest {
+		t.Errorf("/filter on the API address: HTTP %d, want 400", code)
+	}
+	if err := srv.stop(); err != nil {
+		t.Errorf("Serve after cancel: %v", err)
+	}
+}
+
+// servingScheduler is a Scheduler serving its API and health listeners.
+type servingScheduler struct {
+	api, health string // base URLs
+	stop        func() error
+}
+
+// serveWithHealth serves a Scheduler with a HealthAddress on loopback until
+// the test ends (or stop), and waits for /readyz on the health listener.
+func serveWithHealth(t *testing.T) *servingScheduler {
+	t.Helper()
 	free, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -279,25 +302,21 @@ func TestServeHealthAddress(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
-
-	health := "http://" + healthAddr
-	waitFor(t, "/readyz on the health address", func() bool {
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, health+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
+	var once sync.Once
+	var stopErr error
+	srv := &servingScheduler{api: "http://" + ln.Addr().String(), health: "http://" + healthAddr}
+	srv.stop = func() error {
+		once.Do(func() { cancel(); stopErr = <-done })
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := srv.stop(); err != nil {
+			t.Errorf("Serve: %v", err)
 		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
 	})
-	if code, _ := postRaw(t, health+"/filter", "application/json", []byte("{}"), nil); code != http.StatusNotFound {
-		t.Errorf("/filter on the health address: HTTP %d, want 404", code)
-	}
-	if code, _ := postRaw(t, "http://"+ln.Addr().String()+"/filter", "application/json", []byte("{}"), nil); code != http.StatusBadRequest {
-		t.Errorf("/filter on the API address: HTTP %d, want 400", code)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Serve after cancel: %v", err)
-	}
+	waitFor(t, "/readyz on the health address", func() bool {
+		code, _ := getNoFail(srv.health + "/readyz")
+		return code == http.StatusOK
+	})
+	return srv
 }

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuslice/gpuslice/internal/registry"
 )
 
 // MetricsPath answers GET with the webhook's Prometheus metrics
@@ -102,7 +103,10 @@ type metrics struct {
 // newMetrics returns the webhook's metrics in a new registry, beside the
 // Go runtime and process collectors.
 func newMetrics() (*metrics, error) {
-	reg := prometheus.NewRegistry()
+	reg, err := registry.New()
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
 	m := &metrics{
 		registry: reg,
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
@@ -124,8 +128,6 @@ func newMetrics() (*metrics, error) {
 		m.admissions.WithLabelValues(string(decision), string(reason))
 	}
 	if err := errors.Join(
-		reg.Register(collectors.NewGoCollector()),
-		reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
 		reg.Register(m.admissions),
 		reg.Register(m.durations),
 		reg.Register(m.invalid),
