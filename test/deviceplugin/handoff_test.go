@@ -280,7 +280,10 @@ func TestHandoffEnv(t *testing.T) {
 
 	old := h.createPod("old", t0.Add(time.Second), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(0), 1024, 0))
 	young := h.createPod("young", t0.Add(2*time.Second), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(0), 2048, 0))
-	_ = old
+	// Both are in the kubelet's pod manager (listed by PodResources), and the
+	// younger is admitted first: the plugin guesses the older one. (When only
+	// the pod being admitted is listed, the guess is right.)
+	h.m.MarkActive(old)
 	if err := h.m.Allocate(young, &young.Spec.Containers[0]); err != nil {
 		t.Fatal(err)
 	}

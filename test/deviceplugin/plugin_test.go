@@ -192,7 +192,7 @@ func TestHealth(t *testing.T) {
 // in a row.
 func TestKubeletRestart(t *testing.T) {
 	t.Parallel()
-	dir, m, _ := startRegistered(t)
+	dir, m, p := startRegistered(t)
 	all := int64(allDevices)
 	var slowest time.Duration
 	for i := range 20 {
@@ -205,6 +205,13 @@ func TestKubeletRestart(t *testing.T) {
 		slowest = max(slowest, time.Since(began))
 	}
 	t.Logf("20 kubelet restarts; slowest re-registration %v", slowest.Round(time.Millisecond))
+	// Stop the plugin while the last manager still runs and wait until that
+	// manager has seen it go, so no manager writes its checkpoint into the
+	// folder while the test removes it.
+	p.stop()
+	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, 0); err != nil {
+		t.Fatalf("plugin stopped: %v", err)
+	}
 }
 
 // Scenario 4: the plugin restarts; the kubelet drops allocatable at once,

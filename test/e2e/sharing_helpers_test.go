@@ -47,7 +47,7 @@ type podOutcome struct {
 }
 
 // waitSettled waits until every pod whose name starts with prefix is Running, or is Pending and
-// unbound with a FailedScheduling event, and returns them split that way.
+// unbound with a FailedScheduling event from the filters, and returns them split that way.
 func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, timeout time.Duration) podOutcome {
 	t.Helper()
 	var out podOutcome
@@ -71,7 +71,10 @@ func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, time
 			switch {
 			case p.Status.Phase == corev1.PodRunning:
 				out.running = append(out.running, p)
-			case p.Spec.NodeName == "" && failed[p.UID] != "":
+			case p.Spec.NodeName == "" && strings.HasPrefix(failed[p.UID], "0/"):
+				// A filter verdict ("0/2 nodes are available: ..."). A failed bind
+				// (another pod took the room between filter and bind) is also
+				// reported as FailedScheduling, but the scheduler retries it.
 				out.pending = append(out.pending, p)
 			case p.Status.Phase == corev1.PodFailed:
 				// Terminal: waiting longer changes nothing.
