@@ -104,15 +104,34 @@ func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg 
 	if reg.Registered {
 		ready = "true"
 	}
-	if err := p.syncNode(ctx, inventory, ready); err != nil {
-		p.nodeKnown = false
+	syncNode := func() error {
+		if err := p.syncNode(ctx, inventory, ready); err != nil {
+			p.nodeKnown = false
+			return err
+		}
+		return nil
+	}
+	syncLease := func() error {
+		if err := p.syncLease(ctx, reg); err != nil {
+			p.lease = nil
+			return err
+		}
+		return nil
+	}
+	// The scheduler retries a pod it could not place when a Node changes,
+	// never when a Lease does, and the extender also reads the Lease. So the
+	// Node's label changes last on the way up (the heartbeat already says
+	// registered when the retry comes) and first on the way down.
+	if reg.Registered {
+		if err := syncLease(); err != nil {
+			return err
+		}
+		return syncNode()
+	}
+	if err := syncNode(); err != nil {
 		return err
 	}
-	if err := p.syncLease(ctx, reg); err != nil {
-		p.lease = nil
-		return err
-	}
-	return nil
+	return syncLease()
 }
 
 // syncNode patches the Node's inventory annotation and ready label when

@@ -13,6 +13,11 @@ type NodeScore struct {
 	// better and Value never increases when Raw decreases, so callers that
 	// compare nodes of one pod may break Value ties with Raw.
 	Raw float64
+	// Tie breaks ties of Raw: higher is better. PolicyFragmentation sets
+	// it to the share of the node's healthy GPU capacity in use after the
+	// pod (0 to 1), so that among nodes whose fragmentation changes alike
+	// the fuller one wins, as under binpack; other policies leave it 0.
+	Tie float64
 }
 
 // Score ranks the node of placement p (from Fit) under p.NodePolicy:
@@ -23,7 +28,8 @@ type NodeScore struct {
 //     (FragmentationAfter − FragmentationBefore, in GPUs; negative when the
 //     pod fills a fragment): Raw is minus the increase and Value is
 //     50 − 25×increase, clamped to 0..100, so a placement that fragments
-//     nothing scores 50 and one that wastes 2 GPUs scores 0.
+//     nothing scores 50 and one that wastes 2 GPUs scores 0. Tie is the
+//     binpack share, for callers that break ties of Raw.
 //
 // A node with no healthy GPU scores 0. Score is pure.
 func Score(p Placement) NodeScore {
@@ -31,7 +37,7 @@ func Score(p Placement) NodeScore {
 		return NodeScore{}
 	}
 	used := p.UsedAfter / float64(p.HealthyGPUs)
-	var raw, value float64
+	var raw, value, tie float64
 	switch p.NodePolicy {
 	case PolicySpread:
 		raw = 1 - used
@@ -39,9 +45,10 @@ func Score(p Placement) NodeScore {
 	case PolicyFragmentation:
 		raw = -(p.FragmentationAfter - p.FragmentationBefore)
 		value = MaxScore/2 + MaxScore/4*raw
+		tie = used
 	default:
 		raw = used
 		value = MaxScore * raw
 	}
-	return NodeScore{Value: int(math.Round(min(max(value, 0), MaxScore))), Raw: raw}
+	return NodeScore{Value: int(math.Round(min(max(value, 0), MaxScore))), Raw: raw, Tie: tie}
 }

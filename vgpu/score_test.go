@@ -33,6 +33,10 @@ func TestScore(t *testing.T) {
 		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 2, FragmentationBefore: 1, FragmentationAfter: 0.2},
 		want: vgpu.NodeScore{Value: 70, Raw: 0.8},
 	}, {
+		name: "fragmentation ties break toward the fuller node",
+		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 4, UsedAfter: 3, FragmentationBefore: 0.5, FragmentationAfter: 0.5},
+		want: vgpu.NodeScore{Value: 50, Raw: 0, Tie: 0.75},
+	}, {
 		name: "fragmentation clamps at 0",
 		p:    vgpu.Placement{NodePolicy: vgpu.PolicyFragmentation, HealthyGPUs: 8, FragmentationAfter: 3},
 		want: vgpu.NodeScore{Value: 0, Raw: -3},

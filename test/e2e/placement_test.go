@@ -148,7 +148,9 @@ func TestPlacementShapes(t *testing.T) {
 // is killed and started again, and the kubelet restarts. Each outage is visible to the extender
 // (the plugin's ready label or the node's allocatable) before the next pods arrive, so pods that
 // arrive during an outage wait Pending instead of failing admission; afterwards every pod is
-// Running with exactly its own slice, none is Failed, and no GPU holds more than it has.
+// Running with exactly its own slice, none is Failed, and no GPU holds more than it has. Pods
+// already bound when the plugin crashes or the kubelet stops are let land first: the kubelet
+// would fail their admission whatever the plugin does (see docs/architecture.md).
 func TestRestartsDuringBurst(t *testing.T) {
 	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "4xA100-80GB", PluginArgs: []string{"--split-count=8"}})
 	n := c.Nodes[0]
@@ -175,6 +177,9 @@ func TestRestartsDuringBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	createAll(t, c, pods[10:20])
+	// Pods bound just before a plugin crash and admitted just after it fail admission in
+	// any kubelet (FIELD.md §1): let the first 20 land before the crash.
+	waitSettled(t, c, "burst-", 20, 2*time.Minute)
 
 	// The plugin crashes: the kubelet drops allocatable to 0, new pods wait.
 	if err := n.KillPlugin(); err != nil {
@@ -188,6 +193,9 @@ func TestRestartsDuringBurst(t *testing.T) {
 	if err := n.WaitPluginReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Likewise, a kubelet re-admits at start the pods bound while it was up but not yet
+	// admitted, before the plugin is back: let these land first.
+	waitSettled(t, c, "burst-", 30, 2*time.Minute)
 
 	// The kubelet restarts: the plugin sees its ListAndWatch stream end and lowers the label.
 	if err := n.StopKubelet(); err != nil {

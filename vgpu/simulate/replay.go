@@ -301,7 +301,7 @@ func newRNG(seed uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 }
 
-// compareScore orders node scores: Value, then Raw.
+// compareScore orders node scores: Value, then Raw, then Tie.
 func compareScore(a, b vgpu.NodeScore) int {
 	switch {
 	case a.Value != b.Value:
@@ -309,6 +309,10 @@ func compareScore(a, b vgpu.NodeScore) int {
 	case a.Raw > b.Raw+1e-12:
 		return 1
 	case a.Raw < b.Raw-1e-12:
+		return -1
+	case a.Tie > b.Tie+1e-12:
+		return 1
+	case a.Tie < b.Tie-1e-12:
 		return -1
 	}
 	return 0
