@@ -452,8 +452,11 @@ func (c *Cluster) exposeChartWebhook(ctx context.Context, p *Process) error {
 	r := c.chart
 	ns := r.opts.Namespace
 	svcs, err := c.client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + r.opts.Release + ",app.kubernetes.io/component=webhook"})
-	if err != nil || len(svcs.Items) != 1 {
-		return fmt.Errorf("the release's webhook Service: %d found, %v", len(svcs.Items), err)
+	if err != nil {
+		return fmt.Errorf("list the release's webhook Service: %w", err)
+	}
+	if len(svcs.Items) != 1 {
+		return fmt.Errorf("the release's webhook Service: %d found, want 1", len(svcs.Items))
 	}
 	svc := svcs.Items[0]
 	ip, err := hostIPv4()

@@ -156,7 +156,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	// helm upgrade with changed values: objects follow, the webhook's certificate is kept.
-	secretName := "gpuslice-webhook-tls"
+	secretName := "gpuslice-webhook-tls" //nolint:gosec // G101: a Secret's name, not a credential
 	before, err := c.Client().CoreV1().Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
