@@ -17,6 +17,12 @@ type Workload struct {
 	shapes  []WorkloadClass
 	shapeOf []int
 	total   float64
+	// gpuWeight is the weight of the classes with GPUs and gpuCPU the sum
+	// of their weights times their CPU per GPU of demand, so the
+	// workload's CPU per GPU is gpuCPU/gpuWeight. cpuOnly and cpuOnlyCPU
+	// are the weight of the classes without GPUs and the sum of their
+	// weights times their CPU.
+	gpuWeight, gpuCPU, cpuOnly, cpuOnlyCPU float64
 }
 
 // WorkloadClass is one request shape of a Workload: what one container
@@ -40,6 +46,10 @@ type WorkloadClass struct {
 	// Host is the CPU and memory such pods request; zero fits any host.
 	Host HostResources
 	// Weight is how common the class is, relative to the others; above 0.
+	// For classes with GPUs 0 it counts pods: Fragmentation weighs each
+	// such pod as the GPU capacity the average one's CPU would feed (their
+	// mean CPU over the CPU per GPU of demand of the classes with GPUs),
+	// or as 1 when either requests no CPU.
 	Weight float64
 }
 
@@ -91,7 +101,8 @@ func (w *Workload) Classes() []WorkloadClass {
 // Alibaba trace it packs better than counting pods (docs/scheduling.md).
 // Regular init containers are not counted: they do not stay. A pod without
 // GPU containers adds weight 1 to a class with GPUs 0 and its host
-// requests: taking a node's CPU can strand a GPU's worth of capacity.
+// requests: taking a node's CPU can strand the GPUs that CPU would feed
+// (see WorkloadClass.Weight for how much they weigh).
 func (w *Workload) Add(pod PodDemand) {
 	c := pod.Constraints
 	gpuContainers := 0
@@ -103,7 +114,8 @@ func (w *Workload) Add(pod PodDemand) {
 		w.AddClass(WorkloadClass{
 			GPUs: cr.GPUs, MemoryMiB: cr.MemoryMiB, MemoryPercent: cr.MemoryPercent,
 			CoresPercent: cr.CoresPercent, Exclusive: cr.Exclusive,
-			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host, Weight: demandGPUs(cr),
+			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host,
+			Weight: demandGPUs(cr.GPUs, cr.Exclusive, cr.MemoryPercent, cr.CoresPercent),
 		})
 	}
 	if gpuContainers == 0 {
@@ -112,15 +124,15 @@ func (w *Workload) Add(pod PodDemand) {
 }
 
 // demandGPUs is the GPU capacity a container asks for, in GPUs (see Add).
-func demandGPUs(cr ContainerRequest) float64 {
-	if cr.Exclusive {
-		return float64(cr.GPUs)
+func demandGPUs(gpus int, exclusive bool, memoryPercent, coresPercent int) float64 {
+	if exclusive {
+		return float64(gpus)
 	}
-	share := float64(max(cr.MemoryPercent, cr.CoresPercent)) / MaxPercent
+	share := float64(max(memoryPercent, coresPercent)) / MaxPercent
 	if share == 0 {
 		share = 0.1
 	}
-	return float64(cr.GPUs) * share
+	return float64(gpus) * share
 }
 
 // AddClass adds c to w, merging it with an equal class (see NewWorkload).
@@ -129,6 +141,13 @@ func (w *Workload) AddClass(c WorkloadClass) {
 		return
 	}
 	w.total += c.Weight
+	if c.GPUs == 0 {
+		w.cpuOnly += c.Weight
+		w.cpuOnlyCPU += c.Weight * float64(c.Host.CPUMilli)
+	} else {
+		w.gpuWeight += c.Weight
+		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli) / demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+	}
 	for i := range w.classes {
 		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
 			w.classes[i].Weight += c.Weight
@@ -195,9 +214,18 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *frag
 	if w.total <= 0 {
 		return m
 	}
+	// Pods without GPUs weigh the GPUs their mean CPU feeds.
+	cpuOnlyWeight := 1.0
+	if w.cpuOnly > 0 && w.cpuOnlyCPU > 0 && w.gpuCPU > 0 {
+		cpuOnlyWeight = (w.cpuOnlyCPU / w.cpuOnly) / (w.gpuCPU / w.gpuWeight)
+	}
+	total := w.gpuWeight + cpuOnlyWeight*w.cpuOnly
 	for ci := range w.classes {
 		c := &w.classes[ci]
-		share := c.Weight / w.total
+		share := c.Weight / total
+		if c.GPUs == 0 {
+			share *= cpuOnlyWeight
+		}
 		if hostFree == nil {
 			m.weight[0][w.shapeOf[ci]] += share
 			m.weight[1][w.shapeOf[ci]] += share

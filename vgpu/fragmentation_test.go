@@ -49,6 +49,16 @@ func TestFragmentation(t *testing.T) {
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 1000}}, hungry); got != 2 {
 		t.Errorf("Fragmentation() with a host short of CPU = %v, want 2", got)
 	}
+	// The GPU class asks 4000m per half GPU: 8000m per GPU. The CPU-only
+	// pods average 16000m, two GPUs' worth, so they weigh 2 against 1 and,
+	// not fitting the host, find both free GPUs fragmented.
+	cpuOnly := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Host: vgpu.HostResources{CPUMilli: 4000}, Weight: 1},
+		vgpu.WorkloadClass{Host: vgpu.HostResources{CPUMilli: 16000}, Weight: 1},
+	)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 10000}}, cpuOnly); math.Abs(got-2*2.0/3) > 1e-9 {
+		t.Errorf("Fragmentation() with CPU-only pods short of CPU = %v, want %v", got, 2*2.0/3)
+	}
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node}, nil); got != 0 {
 		t.Errorf("Fragmentation() with no workload = %v, want 0", got)
 	}
