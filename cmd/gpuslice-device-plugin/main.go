@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -133,7 +132,7 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.IntVar(&cfg.SplitCount, "split-count", cfg.SplitCount, "virtual devices per GPU (most pods sharing one GPU), 1-100")
 	fs.Float64Var(&cfg.MemoryScaling, "memory-scaling", cfg.MemoryScaling, "factor on schedulable GPU memory; above 1 oversubscribes")
 	fs.Int64Var(&cfg.ReservedMemoryMiB, "reserved-memory-mib", cfg.ReservedMemoryMiB, "MiB held back on each GPU for the driver")
-	fs.Var((*commaList)(&cfg.ExcludeGPUs), "exclude-gpus", "comma-separated GPU UUIDs or indexes not to advertise")
+	fs.Var((*configfile.List)(&cfg.ExcludeGPUs), "exclude-gpus", "comma-separated GPU UUIDs or indexes not to advertise")
 	fs.StringVar(&cfg.DevicePluginDir, "device-plugin-dir", cfg.DevicePluginDir, "the kubelet's device-plugin folder")
 	fs.StringVar(&cfg.HeartbeatNamespace, "heartbeat-namespace", cfg.HeartbeatNamespace, "namespace of the per-node heartbeat Lease")
 	fs.DurationVar(&cfg.LeaseDuration.Duration, "lease-duration", cfg.LeaseDuration.Duration, "heartbeat Lease duration")
@@ -151,20 +150,6 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 		return cfg, "", err
 	}
 	return cfg, *kubeconfig, cfg.Validate()
-}
-
-// commaList is a flag.Value for a comma-separated list; its String form
-// sets it again to the same list.
-type commaList []string
-
-func (l *commaList) String() string { return strings.Join(*l, ",") }
-
-func (l *commaList) Set(s string) error {
-	*l = nil
-	if s != "" {
-		*l = strings.Split(s, ",")
-	}
-	return nil
 }
 
 // openBackend opens NVML, or fake GPUs when configured. A bad fake spec is

@@ -74,26 +74,9 @@ func parseFlags(name string, args []string) (webhook.ServerConfig, error) {
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "PEM serving certificate (e.g. tls.crt of a Secret volume); reloaded when it changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file; reloaded when it changes")
 	fs.StringVar(&cfg.SchedulerName, "scheduler-name", cfg.SchedulerName, "scheduler profile GPU pods are steered to (the one that calls the gpuslice extender)")
-	fs.Var((*commaList)(&cfg.ExcludedNamespaces), "excluded-namespaces", "comma-separated namespaces whose pods are left alone (empty: none)")
+	fs.Var((*configfile.List)(&cfg.ExcludedNamespaces), "excluded-namespaces", "comma-separated namespaces whose pods are left alone (empty: none)")
 	if err := configfile.Parse(fs, args, &cfg, webhook.DefaultServerConfig(), configFile); err != nil {
 		return cfg, err
 	}
 	return cfg, cfg.Validate()
-}
-
-// commaList is a flag.Value for a comma-separated list, blanks around
-// entries ignored; its String form sets it again to the same list.
-type commaList []string
-
-func (l *commaList) String() string { return strings.Join(*l, ",") }
-
-func (l *commaList) Set(s string) error {
-	*l = nil
-	if strings.TrimSpace(s) == "" {
-		return nil
-	}
-	for _, e := range strings.Split(s, ",") {
-		*l = append(*l, strings.TrimSpace(e))
-	}
-	return nil
 }

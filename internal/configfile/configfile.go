@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -53,6 +54,26 @@ func Parse[T any](fs *flag.FlagSet, args []string, cfg *T, defaults T, file *str
 		if err := fs.Set(name, value); err != nil {
 			return fmt.Errorf("--%s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// List is a flag.Value for a comma-separated list bound to a []string
+// field: blanks around entries are dropped, an empty value is an empty list,
+// and its String form sets it again to the same list.
+type List []string
+
+// String joins the entries with commas.
+func (l *List) String() string { return strings.Join(*l, ",") }
+
+// Set replaces the list with the entries of s.
+func (l *List) Set(s string) error {
+	*l = nil
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	for _, e := range strings.Split(s, ",") {
+		*l = append(*l, strings.TrimSpace(e))
 	}
 	return nil
 }

@@ -68,3 +68,29 @@ func TestParse(t *testing.T) {
 		})
 	}
 }
+
+// TestList checks the comma-list flag value: blanks dropped, empty is empty,
+// and String round-trips through Set.
+func TestList(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"  ", nil},
+		{"a", []string{"a"}},
+		{"a, b ,c", []string{"a", "b", "c"}},
+	} {
+		var l List
+		if err := l.Set(tc.in); err != nil {
+			t.Fatalf("Set(%q): %v", tc.in, err)
+		}
+		if diff := cmp.Diff(tc.want, []string(l)); diff != "" {
+			t.Errorf("Set(%q) (-want +got):\n%s", tc.in, diff)
+		}
+		var again List
+		if err := again.Set(l.String()); err != nil || !cmp.Equal([]string(l), []string(again)) {
+			t.Errorf("Set(String()) of %q = %v, %v; want %v", tc.in, again, err, l)
+		}
+	}
+}
