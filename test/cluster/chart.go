@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -411,9 +410,7 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.waitFor(ctx, "gpuslice extender /readyz (from the chart)", []*Process{p}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, http.DefaultClient, c.ExtenderURL()+"/readyz"), nil
-	}); err != nil {
+	if err := c.waitExtenderReady(ctx, p, "gpuslice extender /readyz (from the chart)"); err != nil {
 		return err
 	}
 
@@ -477,14 +474,7 @@ func (c *Cluster) exposeChartWebhook(ctx context.Context, p *Process) error {
 	if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create the webhook's EndpointSlice: %w", err)
 	}
-	probe := webhookProbePod()
-	return c.waitFor(ctx, "API server calling the chart's webhook", []*Process{p}, func(ctx context.Context) (bool, error) {
-		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			return false, nil //nolint:nilerr // not called yet: keep polling
-		}
-		return got.Spec.SchedulerName != corev1.DefaultSchedulerName, nil
-	})
+	return c.waitWebhookCalled(ctx, p, "API server calling the chart's webhook")
 }
 
 // startChartPlugin starts n's device plugin from the release's DaemonSet that selects n.

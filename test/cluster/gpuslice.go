@@ -95,10 +95,7 @@ func (c *Cluster) startExtender(ctx context.Context, extraArgs []string) (int, e
 		return 0, err
 	}
 	c.State.ExtenderPort = port
-	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/readyz"
-	return port, c.waitFor(ctx, "gpuslice extender /readyz", []*Process{p}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, http.DefaultClient, url), nil
-	})
+	return port, c.waitExtenderReady(ctx, p, "gpuslice extender /readyz")
 }
 
 // RestartExtender stops the extender and starts it again on the same port with the same flags,
@@ -116,9 +113,13 @@ func (c *Cluster) RestartExtender(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	url := "http://127.0.0.1:" + strconv.Itoa(c.State.ExtenderPort) + "/readyz"
-	return c.waitFor(ctx, "gpuslice extender /readyz after restart", []*Process{np}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, http.DefaultClient, url), nil
+	return c.waitExtenderReady(ctx, np, "gpuslice extender /readyz after restart")
+}
+
+// waitExtenderReady waits until the extender process p answers /readyz (its informers synced).
+func (c *Cluster) waitExtenderReady(ctx context.Context, p *Process, what string) error {
+	return c.waitFor(ctx, what, []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, http.DefaultClient, c.ExtenderURL()+"/readyz"), nil
 	})
 }
 
@@ -188,27 +189,27 @@ func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
 	if _, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, webhookConfig(c.WebhookURL()+"/mutate", certPEM), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create MutatingWebhookConfiguration: %w", err)
 	}
-	// The API server picks the configuration up from its informer: a dry-run GPU pod shows
-	// when the webhook is being called (its schedulerName is rewritten).
-	probe := webhookProbePod()
-	return c.waitFor(ctx, "API server calling the gpuslice webhook", []*Process{p}, func(ctx context.Context) (bool, error) {
-		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			return false, nil //nolint:nilerr // not ready yet: keep polling
-		}
-		return got.Spec.SchedulerName == SchedulerName, nil
-	})
+	return c.waitWebhookCalled(ctx, p, "API server calling the gpuslice webhook")
 }
 
-// webhookProbePod is a GPU pod whose dry-run creation shows whether the webhook is called.
-func webhookProbePod() *corev1.Pod {
-	return &corev1.Pod{
+// waitWebhookCalled waits until the API server calls the webhook process p: the API server picks a
+// new MutatingWebhookConfiguration up from its informer, and a dry-run GPU pod shows when its
+// schedulerName is being rewritten.
+func (c *Cluster) waitWebhookCalled(ctx context.Context, p *Process, what string) error {
+	probe := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-webhook-probe", Namespace: metav1.NamespaceDefault},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
 			Name: "probe", Image: "registry.k8s.io/pause:3.10",
 			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"hami.io/gpu": resource.MustParse("1")}},
 		}}},
 	}
+	return c.waitFor(ctx, what, []*Process{p}, func(ctx context.Context) (bool, error) {
+		got, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, nil //nolint:nilerr // not called yet: keep polling
+		}
+		return got.Spec.SchedulerName != corev1.DefaultSchedulerName, nil
+	})
 }
 
 // webhookConfig is the MutatingWebhookConfiguration that sends pod creations outside kube-system to
