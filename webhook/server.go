@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/internal/keypair"
 )
 
 // Timeouts of the HTTPS server. The API server waits at most 30 s for a
@@ -37,7 +39,7 @@ const (
 // metrics, one registry for every listener it serves on.
 type Server struct {
 	cfg     ServerConfig
-	keyPair *keyPairFiles
+	keyPair *keypair.Files
 	metrics *metrics
 }
 
@@ -50,7 +52,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	keyPair, err := loadKeyPairFiles(cfg.TLSCertFile, cfg.TLSKeyFile)
+	keyPair, err := keypair.Load(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
@@ -80,11 +82,11 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	logger := klog.FromContext(ctx)
 	srv := &http.Server{
-		Handler: newRouter(s.cfg.Config, func() error { return s.keyPair.ready(logger, time.Now()) }, s.metrics),
+		Handler: newRouter(s.cfg.Config, func() error { return s.keyPair.Ready(logger, time.Now()) }, s.metrics),
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				return s.keyPair.current(logger), nil
+				return s.keyPair.Current(logger), nil
 			},
 		},
 		ReadHeaderTimeout: readHeaderTimeout,

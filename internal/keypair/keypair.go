@@ -1,4 +1,7 @@
-package webhook
+// Package keypair serves a TLS key pair from a certificate file and a key
+// file and takes in replacements without a restart, for every gpuslice
+// server that terminates TLS.
+package keypair
 
 import (
 	"bytes"
@@ -14,7 +17,7 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// keyPairFiles serves the key pair held in a certificate file and a key
+// Files serves the key pair held in a certificate file and a key
 // file, and notices when they change: every call of current reads both files
 // again (a few KiB, cheap beside a TLS handshake) and parses them only when
 // their bytes differ from the pair in use. Comparing bytes rather than
@@ -24,7 +27,7 @@ import (
 // new certificate written before its new key) leaves the last good pair in
 // use and is logged once; it is tried again when either file changes. It is
 // safe for concurrent use.
-type keyPairFiles struct {
+type Files struct {
 	certFile, keyFile string
 
 	mu      sync.Mutex
@@ -37,10 +40,10 @@ type keyPairFiles struct {
 	lastProblem     string
 }
 
-// loadKeyPairFiles reads and parses the pair once. Its error is a
-// *vgpu.FieldError naming tlsCertFile or tlsKeyFile.
-func loadKeyPairFiles(certFile, keyFile string) (*keyPairFiles, error) {
-	k := &keyPairFiles{certFile: certFile, keyFile: keyFile}
+// Load reads and parses the pair once. Its error is a *vgpu.FieldError
+// naming the config field tlsCertFile or tlsKeyFile.
+func Load(certFile, keyFile string) (*Files, error) {
+	k := &Files{certFile: certFile, keyFile: keyFile}
 	certPEM, err := os.ReadFile(certFile) //nolint:gosec // G304: the operator names the file.
 	if err != nil {
 		return nil, vgpu.InvalidField("tlsCertFile", certFile, "must be a readable PEM certificate file: "+err.Error())
@@ -71,9 +74,10 @@ func parseKeyPair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	return &pair, nil
 }
 
-// current returns the pair to serve now, after taking in a changed, valid
-// pair from the files. It never returns nil.
-func (k *keyPairFiles) current(logger klog.Logger) *tls.Certificate {
+// Current returns the pair to serve now, after taking in a changed, valid
+// pair from the files. It never returns nil. Servers call it from
+// tls.Config.GetCertificate.
+func (k *Files) Current(logger klog.Logger) *tls.Certificate {
 	certPEM, certErr := os.ReadFile(k.certFile) //nolint:gosec // G304: the operator names the file.
 	keyPEM, keyErr := os.ReadFile(k.keyFile)    //nolint:gosec // G304: the operator names the file.
 
@@ -106,7 +110,7 @@ func (k *keyPairFiles) current(logger klog.Logger) *tls.Certificate {
 }
 
 // problem logs err unless it is the problem logged last. k.mu is held.
-func (k *keyPairFiles) problem(logger klog.Logger, err error) {
+func (k *Files) problem(logger klog.Logger, err error) {
 	if err.Error() == k.lastProblem {
 		return
 	}
@@ -115,10 +119,10 @@ func (k *keyPairFiles) problem(logger klog.Logger, err error) {
 		"certFile", k.certFile, "keyFile", k.keyFile, "serial", k.pair.Leaf.SerialNumber.String())
 }
 
-// ready returns an error when the pair served at now is outside its
-// validity period: the API server would then refuse every call.
-func (k *keyPairFiles) ready(logger klog.Logger, now time.Time) error {
-	leaf := k.current(logger).Leaf
+// Ready returns an error when the pair served at now is outside its
+// validity period: every client would then refuse the server.
+func (k *Files) Ready(logger klog.Logger, now time.Time) error {
+	leaf := k.Current(logger).Leaf
 	switch {
 	case now.After(leaf.NotAfter):
 		return fmt.Errorf("the serving certificate (serial %s) expired at %s", leaf.SerialNumber, leaf.NotAfter.UTC().Format(time.RFC3339))
