@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/internal/keypair"
 )
 
 // Server timeouts. Requests are small and answered from memory, except a
@@ -118,11 +120,13 @@ func (s *Scheduler) apiServer(ctx context.Context, ln net.Listener, logger klog.
 	if s.cfg.TLSCertFile == "" {
 		return &served{srv: srv, ln: ln}, nil
 	}
-	certs, err := newCertReloader(s.cfg.TLSCertFile, s.cfg.TLSKeyFile, logger)
+	certs, err := keypair.Load(s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
 	if err != nil {
 		return nil, err
 	}
-	srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.getCertificate}
+	srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return certs.Current(logger), nil
+	}}
 	if s.cfg.ClientCAFile != "" {
 		pool, err := loadCAs(s.cfg.ClientCAFile)
 		if err != nil {
