@@ -126,24 +126,11 @@ func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdic
 }
 
 // readinessLocked reports whether the device plugin serves node n: an
-// inventory, the ready label "true", allocatable GPUs and a fresh heartbeat
-// that says it is registered. Callers hold st.mu.
+// inventory, the ready label "true", allocatable GPUs (n.unready) and a
+// fresh heartbeat that says it is registered. Callers hold st.mu.
 func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool) {
-	switch {
-	case errors.Is(n.inventoryErr, errNoInventory):
-		return rejected(ReasonNoInventory, true, notReady+"%v", n.inventoryErr), false
-	case n.inventoryErr != nil:
-		return rejected(ReasonMalformedInventory, true, notReady+"%v", n.inventoryErr), false
-	case !n.hasReadyLabel:
-		return rejected(ReasonReadyLabel, true, notReady+"label %s is missing", vgpu.LabelGPUReady), false
-	}
-	if ready, err := vgpu.ParseReadyLabel(n.readyLabel); err != nil {
-		return rejected(ReasonReadyLabel, true, notReady+"label %s is %q (must be \"true\" or \"false\")", vgpu.LabelGPUReady, n.readyLabel), false
-	} else if !ready {
-		return rejected(ReasonReadyLabel, true, notReady+"label %s is %q", vgpu.LabelGPUReady, n.readyLabel), false
-	}
-	if n.allocatable <= 0 {
-		return rejected(ReasonNoAllocatable, true, notReady+"allocatable %s is 0", s.state.resourceName), false
+	if n.unready != nil {
+		return *n.unready, false
 	}
 	l := s.state.leases[n.leaseName]
 	maxAge := s.cfg.HeartbeatMaxAge.Duration
@@ -160,6 +147,36 @@ func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool)
 		return rejected(ReasonNotRegistered, true, notReady+"heartbeat says the device plugin is not registered with the kubelet"), false
 	}
 	return verdict{}, true
+}
+
+// nodeUnready judges what a Node says of its device plugin: inventoryErr
+// from its inventory annotation, its ready label (hasLabel false when
+// missing) and its allocatable resource (0 when missing). It returns the
+// verdict of the first check that fails, or nil when all pass. upsertNode
+// calls it once per Node event, so Filter neither re-parses the label nor
+// re-formats these messages for every candidate node.
+func nodeUnready(inventoryErr error, label string, hasLabel bool, allocatable int64, resource corev1.ResourceName) *verdict {
+	unready := func(reason vgpu.Reason, format string, args ...any) *verdict {
+		v := rejected(reason, true, notReady+format, args...)
+		return &v
+	}
+	switch {
+	case errors.Is(inventoryErr, errNoInventory):
+		return unready(ReasonNoInventory, "%v", inventoryErr)
+	case inventoryErr != nil:
+		return unready(ReasonMalformedInventory, "%v", inventoryErr)
+	case !hasLabel:
+		return unready(ReasonReadyLabel, "label %s is missing", vgpu.LabelGPUReady)
+	}
+	if ready, err := vgpu.ParseReadyLabel(label); err != nil {
+		return unready(ReasonReadyLabel, "label %s is %q (must be \"true\" or \"false\")", vgpu.LabelGPUReady, label)
+	} else if !ready {
+		return unready(ReasonReadyLabel, "label %s is %q", vgpu.LabelGPUReady, label)
+	}
+	if allocatable <= 0 {
+		return unready(ReasonNoAllocatable, "allocatable %s is 0", resource)
+	}
+	return nil
 }
 
 // evaluateAll calls fn(i, verdict) for each of names under one read lock,

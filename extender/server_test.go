@@ -63,18 +63,7 @@ func TestServeTLS(t *testing.T) {
 
 	cfg := testConfig()
 	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
-	s, err := New(cfg, Options{Client: fake.NewClientset()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
+	addr, stop := serve(t, cfg)
 
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(certA)
@@ -83,7 +72,7 @@ func TestServeTLS(t *testing.T) {
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
 	}}
-	url := "https://" + ln.Addr().String() + "/readyz"
+	url := "https://" + addr + "/readyz"
 	served := func() []byte {
 		t.Helper()
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
@@ -122,8 +111,7 @@ func TestServeTLS(t *testing.T) {
 		t.Error("a broken pair replaced the last good certificate")
 	}
 
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Serve after cancel: %v", err)
 	}
 }
@@ -199,24 +187,7 @@ func TestServeClientCA(t *testing.T) {
 	}
 	cfg := testConfig()
 	cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile = certFile, keyFile, caFile
-	s, err := New(cfg, Options{Client: fake.NewClientset()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	addr, _ := serve(t, cfg)
 
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(serverCert)
@@ -225,7 +196,7 @@ func TestServeClientCA(t *testing.T) {
 			TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12},
 		}}
 	}
-	base := "https://" + ln.Addr().String()
+	base := "https://" + addr
 	status := func(c *http.Client, method, path string) int {
 		req, err := http.NewRequestWithContext(t.Context(), method, base+path, strings.NewReader("{}"))
 		if err != nil {
@@ -290,6 +261,21 @@ func serveWithHealth(t *testing.T) *servingScheduler {
 	_ = free.Close()
 	cfg := testConfig()
 	cfg.HealthAddress = healthAddr
+	addr, stop := serve(t, cfg)
+	srv := &servingScheduler{api: "http://" + addr, health: "http://" + healthAddr, stop: stop}
+	waitFor(t, "/readyz on the health address", func() bool {
+		code, _ := getNoFail(srv.health + "/readyz")
+		return code == http.StatusOK
+	})
+	return srv
+}
+
+// serve runs Serve of a new Scheduler for cfg (on a fake clientset) on a
+// loopback port and returns that port's address and stop, which ends Serve
+// and returns its error; later calls return the same error. Unless the
+// test called stop, its cleanup does and reports an error.
+func serve(t *testing.T, cfg Config) (addr string, stop func() error) {
+	t.Helper()
 	s, err := New(cfg, Options{Client: fake.NewClientset()})
 	if err != nil {
 		t.Fatal(err)
@@ -303,20 +289,17 @@ func serveWithHealth(t *testing.T) *servingScheduler {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
 	var once sync.Once
-	var stopErr error
-	srv := &servingScheduler{api: "http://" + ln.Addr().String(), health: "http://" + healthAddr}
-	srv.stop = func() error {
-		once.Do(func() { cancel(); stopErr = <-done })
-		return stopErr
-	}
+	var serveErr error
+	halt := func() { cancel(); serveErr = <-done }
 	t.Cleanup(func() {
-		if err := srv.stop(); err != nil {
-			t.Errorf("Serve: %v", err)
+		halted := false
+		once.Do(func() { halt(); halted = true })
+		if halted && serveErr != nil {
+			t.Errorf("Serve: %v", serveErr)
 		}
 	})
-	waitFor(t, "/readyz on the health address", func() bool {
-		code, _ := getNoFail(srv.health + "/readyz")
-		return code == http.StatusOK
-	})
-	return srv
+	return ln.Addr().String(), func() error {
+		once.Do(halt)
+		return serveErr
+	}
 }

@@ -3,6 +3,7 @@ package extender
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,9 @@ type clusterState struct {
 	pods map[types.UID]*podEntry
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
+	// leasePrefix starts every heartbeat Lease name (HeartbeatLeaseName is
+	// "gpuslice-" + node, shortened but keeping that prefix); set once.
+	leasePrefix string
 }
 
 // nodeState is one node as the extender sees it.
@@ -48,12 +52,11 @@ type nodeState struct {
 	rawInventory string
 	inventory    vgpu.NodeInventory
 	inventoryErr error
-	// readyLabel is the LabelGPUReady value; hasReadyLabel is false when
-	// the label is missing.
-	readyLabel    string
-	hasReadyLabel bool
-	// allocatable is the Node's allocatable resourceName, 0 when missing.
-	allocatable int64
+	// unready says why the Node's own fields (inventory, ready label,
+	// allocatable resourceName) turn pods away, judged on each Node event
+	// (nodeUnready); nil when they admit pods. The heartbeat is judged at
+	// each Filter, as it ages.
+	unready *verdict
 	// usage is what the counted pods (bound and reserved) hold.
 	usage vgpu.NodeUsage
 	// gen changes whenever usage changes, so a bind can tell whether what
@@ -92,6 +95,7 @@ func newClusterState(resourceName corev1.ResourceName) *clusterState {
 		nodes:        map[string]*nodeState{},
 		pods:         map[types.UID]*podEntry{},
 		leases:       map[string]*leaseState{},
+		leasePrefix:  vgpu.HeartbeatLeaseName(""),
 	}
 }
 
@@ -125,11 +129,12 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 		}
 		n.rawInventory, n.inventory, n.inventoryErr = raw, inv, err
 	}
-	n.readyLabel, n.hasReadyLabel = node.Labels[vgpu.LabelGPUReady]
-	n.allocatable = 0
+	label, hasLabel := node.Labels[vgpu.LabelGPUReady]
+	var allocatable int64
 	if q, ok := node.Status.Allocatable[st.resourceName]; ok {
-		n.allocatable = q.Value()
+		allocatable = q.Value()
 	}
+	n.unready = nodeUnready(n.inventoryErr, label, hasLabel, allocatable, st.resourceName)
 }
 
 // deleteNode records a Node deleted. Its usage stays until its pods go.
@@ -142,11 +147,16 @@ func (st *clusterState) deleteNode(name string) {
 	}
 	n.known = false
 	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
-	n.readyLabel, n.hasReadyLabel, n.allocatable = "", false, 0
+	n.unready = nodeUnready(errNoInventory, "", false, 0, st.resourceName)
 }
 
-// upsertLease records a heartbeat Lease added or updated.
+// upsertLease records a heartbeat Lease added or updated. Other Leases in
+// the namespace (the kubelets' node Leases in the default one) are
+// ignored: no node's leaseName can match them.
 func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
+	if !strings.HasPrefix(lease.Name, st.leasePrefix) {
+		return
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	l := st.leases[lease.Name]
@@ -159,7 +169,7 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 		l.renewTime = lease.Spec.RenewTime.Time
 	}
 	raw := lease.Annotations[vgpu.AnnotationPluginHeartbeat]
-	if raw != l.raw || (raw == "" && l.heartbeatErr == nil) {
+	if raw != l.raw {
 		l.raw = raw
 		l.heartbeat, l.heartbeatErr = vgpu.PluginHeartbeat{}, nil
 		if raw != "" {
@@ -170,6 +180,9 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 
 // deleteLease records a heartbeat Lease deleted.
 func (st *clusterState) deleteLease(name string) {
+	if !strings.HasPrefix(name, st.leasePrefix) {
+		return
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	delete(st.leases, name)
@@ -181,12 +194,15 @@ func (st *clusterState) deleteLease(name string) {
 // still unbound. It returns an error to log when the pod carries an
 // allocation that is not counted because it is malformed.
 func (st *clusterState) upsertPod(pod *corev1.Pod) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	old := st.pods[pod.UID]
 	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
+	if st.podUnchanged(pod.UID, terminal || node == "" || !hasAlloc, node, raw) {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	old := st.pods[pod.UID]
 	switch {
 	case terminal:
 		st.removeLocked(old)
@@ -221,6 +237,22 @@ func (st *clusterState) upsertPod(pod *corev1.Pod) error {
 		node: node, raw: raw, alloc: alloc, req: req,
 	})
 	return nil
+}
+
+// podUnchanged reports, under the read lock, whether a pod event leaves the
+// state as it is: a pod that is not counted and does not start counting
+// (uncountable: terminal, unbound or without allocation), or a bound pod
+// counted already with this node and allocation. Most pod events in a
+// cluster are such, and the informer then takes no write lock that would
+// hold up Filter. Anything else upsertPod decides under the write lock.
+func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw string) bool {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	old := st.pods[uid]
+	if old == nil {
+		return uncountable
+	}
+	return !uncountable && !old.reserved && old.node == node && old.raw == raw
 }
 
 // deletePod records a pod deleted: whatever it held, bound or reserved, is

@@ -176,3 +176,22 @@ func TestTrim(t *testing.T) {
 		t.Errorf("trimmed pod kept labels or env: %+v", trimmed)
 	}
 }
+
+// TestUpsertLeaseIgnoresOtherLeases checks that only heartbeat Leases are
+// kept: the kubelets' node Leases share the default namespace.
+func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
+	st := newClusterState(vgpu.ResourceGPU)
+	kubelet := vgputest.HeartbeatLease("n1", now).Obj()
+	kubelet.Name = "n1"
+	st.upsertLease(kubelet)
+	st.upsertLease(vgputest.HeartbeatLease("n2", now).Obj())
+	st.deleteLease("n2")
+	want := []string{vgpu.HeartbeatLeaseName("n2")}
+	var got []string
+	for name := range st.leases {
+		got = append(got, name)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("leases kept (-want +got):\n%s", diff)
+	}
+}
