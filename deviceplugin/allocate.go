@@ -96,15 +96,16 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 		if err != nil {
 			return nil, err
 		}
+		device := cdiDeviceName(ids)
 		var cresp *pluginapi.ContainerAllocateResponse
 		if a.cfg.Mode == ModeEnv {
-			if cresp, err = a.allocateEnv(ctx, ids, gpus); err != nil {
+			if cresp, err = a.allocateEnv(ctx, ids, gpus, device); err != nil {
 				return nil, err
 			}
 		} else {
-			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(cdiDeviceName(ids))}}}
+			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(device)}}}
 		}
-		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", cdiDeviceName(ids))
+		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", device)
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
 	return resp, nil

@@ -24,14 +24,21 @@ func DeviceID(uuid string, n int) string {
 // GPUOfDeviceID returns the GPU UUID encoded in a virtual device ID, or false
 // if id was not made by DeviceID.
 func GPUOfDeviceID(id string) (string, bool) {
+	uuid, _, ok := parseDeviceID(id)
+	return uuid, ok
+}
+
+// parseDeviceID splits a DeviceID into GPU UUID and slice number.
+func parseDeviceID(id string) (string, int, bool) {
 	uuid, n, ok := strings.Cut(id, deviceIDSeparator)
 	if !ok || uuid == "" {
-		return "", false
+		return "", 0, false
 	}
-	if _, err := strconv.Atoi(n); err != nil {
-		return "", false
+	i, err := strconv.Atoi(n)
+	if err != nil || i < 0 {
+		return "", 0, false
 	}
-	return uuid, true
+	return uuid, i, true
 }
 
 // inventory is the plugin's view of its GPUs. It is safe for concurrent use;

@@ -10,14 +10,14 @@ import (
 )
 
 // allocateEnv answers Allocate in mode env with the container's
-// environment and mounts. Allocate carries no pod identity, so the
+// environment and mounts; device is cdiDeviceName(ids). Allocate carries no pod identity, so the
 // container is the one GetPreferredAllocation offered exactly these IDs
 // to, if it is still pending, else the oldest pending container whose
 // allocation is on exactly the GPUs behind the IDs. It waits for the pod
 // view up to the start budget, then fails (the kubelet rejects the pod).
 // The choice is checkpointed as a binding before the answer, so that
 // PreStartContainer can verify it on every start, across plugin restarts.
-func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string) (*pluginapi.ContainerAllocateResponse, error) {
+func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string, device string) (*pluginapi.ContainerAllocateResponse, error) {
 	if a.pods == nil {
 		return nil, status.Error(codes.FailedPrecondition, errNoPodView.Error())
 	}
@@ -26,7 +26,6 @@ func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string) (*plugi
 	if !a.waitSynced(ctx) {
 		return nil, status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
 	}
-	device := cdiDeviceName(ids)
 	var held map[containerRef][]string
 	if pods, err := a.lister.List(ctx); err == nil {
 		held = containerDevices(pods, a.cfg.ResourceName)

@@ -114,8 +114,8 @@ func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev
 		changed := a.pods.Changed()
 		pod, ok := a.pods.Pod(ref.Namespace, ref.Pod)
 		if ok {
-			if value, ok := pod.Annotations[vgpu.AnnotationPodAllocation]; ok {
-				return a.containerAllocation(ref, pod, value)
+			if alloc, ok, err := a.pods.Allocation(pod); ok {
+				return a.containerAllocation(ref, pod, alloc, err)
 			}
 		}
 		select {
@@ -132,9 +132,9 @@ func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev
 	}
 }
 
-// containerAllocation reads ref's container from pod's allocation value.
-func (a *allocator) containerAllocation(ref containerRef, pod *corev1.Pod, value string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
-	alloc, err := vgpu.ParsePodAllocation(value)
+// containerAllocation reads ref's container from pod's allocation, alloc
+// as parsed with err.
+func (a *allocator) containerAllocation(ref containerRef, pod *corev1.Pod, alloc vgpu.PodAllocation, err error) (*corev1.Pod, vgpu.ContainerAllocation, error) {
 	if err != nil {
 		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationInvalid, ref, pod, "pod %s/%s: %w", ref.Namespace, ref.Pod, err)
 	}

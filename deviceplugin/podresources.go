@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -150,6 +151,11 @@ type containerRef struct {
 	Namespace string `json:"namespace"`
 	Pod       string `json:"pod"`
 	Container string `json:"container"`
+}
+
+// pod returns the namespace and name of r's pod.
+func (r containerRef) pod() types.NamespacedName {
+	return types.NamespacedName{Namespace: r.Namespace, Name: r.Pod}
 }
 
 // String renders r as namespace/pod/container.

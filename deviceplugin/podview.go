@@ -9,10 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // podSource is the plugin's view of the pods bound to its node. Pods are
@@ -22,6 +25,10 @@ type podSource interface {
 	Pod(namespace, name string) (*corev1.Pod, bool)
 	// Pods returns every pod bound to the node, in no particular order.
 	Pods() []*corev1.Pod
+	// Allocation returns pod's vgpu.AnnotationPodAllocation parsed, with
+	// ok false when pod has none. The result is shared: callers must not
+	// modify it.
+	Allocation(pod *corev1.Pod) (alloc vgpu.PodAllocation, ok bool, err error)
 	// Changed returns a channel that is closed at the next change of any
 	// pod (and once the first listing is complete).
 	Changed() <-chan struct{}
@@ -31,7 +38,7 @@ type podSource interface {
 
 // podView is the real podSource: a client-go informer on the pods with
 // spec.nodeName=<node>. It costs one watch per node and no API call per
-// container start.
+// container start, and parses each pod's allocation once per pod update.
 type podView struct {
 	node     string
 	factory  informers.SharedInformerFactory
@@ -40,6 +47,14 @@ type podView struct {
 
 	mu      sync.Mutex
 	changed chan struct{}
+	allocs  map[types.UID]parsedAllocation // filled by the event handlers
+}
+
+// parsedAllocation is a pod's allocation annotation value and its parse.
+type parsedAllocation struct {
+	value string
+	alloc vgpu.PodAllocation
+	err   error
 }
 
 // newPodView prepares the informer; start runs it.
@@ -48,7 +63,8 @@ func newPodView(client kubernetes.Interface, node string) (*podView, error) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 	}))
 	pods := factory.Core().V1().Pods()
-	v := &podView{node: node, factory: factory, informer: pods.Informer(), lister: pods.Lister(), changed: make(chan struct{})}
+	v := &podView{node: node, factory: factory, informer: pods.Informer(), lister: pods.Lister(),
+		changed: make(chan struct{}), allocs: map[types.UID]parsedAllocation{}}
 	// Managed fields are the bulk of a pod object and of no use here.
 	if err := v.informer.SetTransform(func(obj any) (any, error) {
 		if pod, ok := obj.(*corev1.Pod); ok {
@@ -58,11 +74,10 @@ func newPodView(client kubernetes.Interface, node string) (*podView, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
-	notify := func(any) { v.notify() }
 	if _, err := v.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, _ any) { v.notify() },
-		DeleteFunc: notify,
+		AddFunc:    v.onUpdate,
+		UpdateFunc: func(_, obj any) { v.onUpdate(obj) },
+		DeleteFunc: v.onDelete,
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
@@ -85,8 +100,60 @@ func (v *podView) stop() { v.factory.Shutdown() }
 func (v *podView) notify() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.notifyLocked()
+}
+
+// notifyLocked wakes the waiters on Changed; v.mu must be held.
+func (v *podView) notifyLocked() {
 	close(v.changed)
 	v.changed = make(chan struct{})
+}
+
+// onUpdate keeps an added or updated pod's parsed allocation, parsing
+// only a value not seen before for that pod, and wakes the waiters.
+func (v *podView) onUpdate(obj any) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if pod, ok := obj.(*corev1.Pod); ok {
+		value, has := pod.Annotations[vgpu.AnnotationPodAllocation]
+		if old, cached := v.allocs[pod.UID]; !has {
+			delete(v.allocs, pod.UID)
+		} else if !cached || old.value != value {
+			alloc, err := vgpu.ParsePodAllocation(value)
+			v.allocs[pod.UID] = parsedAllocation{value: value, alloc: alloc, err: err}
+		}
+	}
+	v.notifyLocked()
+}
+
+// onDelete forgets a deleted pod's allocation and wakes the waiters.
+func (v *podView) onDelete(obj any) {
+	if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tombstone.Obj
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if pod, ok := obj.(*corev1.Pod); ok {
+		delete(v.allocs, pod.UID)
+	}
+	v.notifyLocked()
+}
+
+// Allocation implements podSource. A pod the handlers have not seen yet
+// (the lister is updated a moment before them) is parsed on the spot.
+func (v *podView) Allocation(pod *corev1.Pod) (vgpu.PodAllocation, bool, error) {
+	value, ok := pod.Annotations[vgpu.AnnotationPodAllocation]
+	if !ok {
+		return vgpu.PodAllocation{}, false, nil
+	}
+	v.mu.Lock()
+	p, parsed := v.allocs[pod.UID]
+	v.mu.Unlock()
+	if parsed && p.value == value {
+		return p.alloc, true, p.err
+	}
+	alloc, err := vgpu.ParsePodAllocation(value)
+	return alloc, true, err
 }
 
 // Changed implements podSource.

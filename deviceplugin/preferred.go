@@ -4,10 +4,9 @@ import (
 	"cmp"
 	"context"
 	"slices"
-	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -82,11 +81,11 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 // pod after adding it to its pod manager, which PodResources reads) come
 // first: the kubelet is admitting one of them, while an older pod it has
 // not seen yet cannot be the one asking.
-func (a *allocator) offerPending(held map[containerRef][]string, listed map[string]bool, avail, must []string, size int) ([]string, bool) {
+func (a *allocator) offerPending(held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) ([]string, bool) {
 	now := a.clock.Now()
 	pending := a.pendingContainers(held)
 	slices.SortStableFunc(pending, func(x, y pendingContainer) int {
-		lx, ly := listed[x.Ref.Namespace+"/"+x.Ref.Pod], listed[y.Ref.Namespace+"/"+y.Ref.Pod]
+		lx, ly := listed[x.Ref.pod()], listed[y.Ref.pod()]
 		switch {
 		case lx == ly:
 			return 0
@@ -100,7 +99,7 @@ func (a *allocator) offerPending(held map[containerRef][]string, listed map[stri
 		// An earlier offer to a container the kubelet lists but that holds no devices
 		// yet went to another container: the kubelet allocates right after asking,
 		// and admits one pod at a time. Only unlisted pods stay skipped after an offer.
-		isListed := listed[c.Ref.Namespace+"/"+c.Ref.Pod]
+		isListed := listed[c.Ref.pod()]
 		if len(c.Alloc.GPUs) != size || (!isListed && a.claims.recentlyOffered(c.Ref, c.Pod.UID, now.Add(-a.t.ClaimTTL))) {
 			continue
 		}
@@ -128,12 +127,8 @@ func (a *allocator) pendingContainers(held map[containerRef][]string) []pendingC
 		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		value, ok := pod.Annotations[vgpu.AnnotationPodAllocation]
-		if !ok {
-			continue
-		}
-		alloc, err := vgpu.ParsePodAllocation(value)
-		if err != nil || alloc.Node != a.cfg.NodeName {
+		alloc, ok, err := a.pods.Allocation(pod)
+		if !ok || err != nil || alloc.Node != a.cfg.NodeName {
 			continue
 		}
 		for i, ca := range alloc.Containers {
@@ -222,36 +217,6 @@ func defaultPick(avail, must []string, size int) []string {
 	return pick
 }
 
-// parseDeviceID splits a DeviceID into GPU UUID and slice number.
-func parseDeviceID(id string) (string, int, bool) {
-	uuid, n, ok := strings.Cut(id, deviceIDSeparator)
-	if !ok || uuid == "" {
-		return "", 0, false
-	}
-	i, err := strconv.Atoi(n)
-	if err != nil || i < 0 {
-		return "", 0, false
-	}
-	return uuid, i, true
-}
-
-// sameGPUs reports whether ids lie on exactly the GPUs of ca.
-func sameGPUs(ids []string, ca vgpu.ContainerAllocation) bool {
-	return slices.Equal(gpuSet(ids), allocationGPUs(ca))
-}
-
-// gpuSet returns the sorted UUIDs behind device IDs.
-func gpuSet(ids []string) []string {
-	var uuids []string
-	for _, id := range ids {
-		if uuid, ok := GPUOfDeviceID(id); ok {
-			uuids = append(uuids, uuid)
-		}
-	}
-	slices.Sort(uuids)
-	return slices.Compact(uuids)
-}
-
 // allocationGPUs returns the sorted UUIDs of ca's slices.
 func allocationGPUs(ca vgpu.ContainerAllocation) []string {
 	uuids := make([]string, 0, len(ca.GPUs))
@@ -262,11 +227,11 @@ func allocationGPUs(ca vgpu.ContainerAllocation) []string {
 	return slices.Compact(uuids)
 }
 
-// listedPods returns the namespace/name of every pod in pods.
-func listedPods(pods []*podresourcesapi.PodResources) map[string]bool {
-	out := make(map[string]bool, len(pods))
+// listedPods returns the namespace and name of every pod in pods.
+func listedPods(pods []*podresourcesapi.PodResources) map[types.NamespacedName]bool {
+	out := make(map[types.NamespacedName]bool, len(pods))
 	for _, p := range pods {
-		out[p.GetNamespace()+"/"+p.GetName()] = true
+		out[types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}] = true
 	}
 	return out
 }

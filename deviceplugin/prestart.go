@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,7 +34,7 @@ func (a *allocator) preStart(ctx context.Context, req *pluginapi.PreStartContain
 // startContainer does preStart's work and returns the result label of the
 // call beside its gRPC error.
 func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (string, error) {
-	ids, _, err := a.checkIDs(req.GetDevicesIds())
+	ids, gpus, err := a.checkIDs(req.GetDevicesIds())
 	if err != nil {
 		return resultOf(err), err
 	}
@@ -52,7 +53,7 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	if a.cfg.Mode == ModeEnv {
 		err = a.verifyBinding(ref, ids)
 	} else {
-		err = a.writeSpec(ctx, ref, ids)
+		err = a.writeSpec(ctx, ref, ids, gpus)
 	}
 	if err != nil {
 		// Labelled with the refusal's reason, else the code reported.
@@ -65,10 +66,10 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	return ResultSuccess, nil
 }
 
-// writeSpec writes the CDI spec that gives ref, the holder of ids, its
-// slice. The device name depends on the IDs only and IDs pass from pod to
+// writeSpec writes the CDI spec that gives ref, the holder of ids (on
+// gpus, as checkIDs returns them), its slice. The device name depends on the IDs only and IDs pass from pod to
 // pod, so the spec is rewritten on every start.
-func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids []string) error {
+func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
 	pod, ca, err := a.podAllocation(ctx, ref)
 	if err != nil {
 		return err
@@ -88,7 +89,7 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids []strin
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", CDIQualifiedName(name), err)
 	}
-	if !sameGPUs(ids, ca) {
+	if !slices.Equal(gpus, allocationGPUs(ca)) {
 		a.logger.V(2).Info("The kubelet's devices are on other GPUs than the scheduler chose; the container gets the scheduler's", "container", ref, "devices", ids)
 	}
 	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids)
