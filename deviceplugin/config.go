@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -163,7 +162,7 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("nodeName", "", "required: set --node-name or the NODE_NAME environment variable")
 	case len(validation.IsDNS1123Subdomain(c.NodeName)) > 0:
 		return vgpu.InvalidField("nodeName", c.NodeName, "must be a valid Node name ("+strings.Join(validation.IsDNS1123Subdomain(c.NodeName), "; ")+")")
-	case !validResourceName(c.ResourceName):
+	case !vgpu.IsExtendedResourceName(c.ResourceName):
 		return vgpu.InvalidField("resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)")
 	case c.SplitCount < 1 || c.SplitCount > MaxSplitCount:
 		return vgpu.InvalidField("splitCount", strconv.Itoa(c.SplitCount), fmt.Sprintf("must be an integer from 1 to %d", MaxSplitCount))
@@ -193,7 +192,7 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("sharedCacheDir", c.SharedCacheDir, "must be a clean absolute path inside the container (default "+DefaultSharedCacheDir+")")
 	case c.StateDir != "" && !cleanAbs(c.StateDir):
 		return vgpu.InvalidField("stateDir", c.StateDir, "must be empty (<devicePluginDir>/"+defaultStateSubdir+") or a clean absolute path")
-	case c.HealthAddress != "" && !validHostPort(c.HealthAddress):
+	case c.HealthAddress != "" && !validHealthAddress(c.HealthAddress):
 		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8090"`)
 	}
 	for _, g := range c.ExcludeGPUs {
@@ -226,24 +225,9 @@ func isIndex(s string) bool {
 	return err == nil && n >= 0
 }
 
-func validResourceName(name string) bool {
-	domain, rest, ok := strings.Cut(name, "/")
-	if !ok || rest == "" || strings.Contains(rest, "/") {
-		return false
-	}
-	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || domain == "requests" {
-		return false
-	}
-	return len(validation.IsDNS1123Subdomain(domain)) == 0 && len(validation.IsQualifiedName(name)) == 0
-}
-
-// validHostPort reports whether s is host:port (host may be empty) with a
-// numeric port from 1 to 65535.
-func validHostPort(s string) bool {
-	_, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return false
-	}
-	n, err := strconv.Atoi(port)
-	return err == nil && n >= 1 && n <= 65535
+// validHealthAddress reports whether addr is host:port with a port from 1
+// to 65535.
+func validHealthAddress(addr string) bool {
+	port, ok := configfile.Port(addr)
+	return ok && port >= 1
 }

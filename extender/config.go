@@ -2,8 +2,6 @@ package extender
 
 import (
 	"errors"
-	"net"
-	"strconv"
 	"strings"
 	"time"
 
@@ -141,7 +139,7 @@ func (c Config) Validate() error {
 	if msgs := validation.IsDNS1123Label(c.HeartbeatNamespace); len(msgs) > 0 {
 		errs = append(errs, vgpu.InvalidField("heartbeatNamespace", c.HeartbeatNamespace, "must be a namespace name (lower-case letters, digits and '-'), the device plugins' heartbeatNamespace"))
 	}
-	if !validResourceName(c.ResourceName) {
+	if !vgpu.IsExtendedResourceName(c.ResourceName) {
 		errs = append(errs, vgpu.InvalidField("resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)"))
 	}
 	if d := c.BindTimeout.Duration; d < 100*time.Millisecond || d > MaxBindTimeout {
@@ -154,24 +152,8 @@ func (c Config) Validate() error {
 // host:port with a port from 0 to 65535 (0: any free port).
 func validateAddress(field, addr string) error {
 	const allowed = "must be host:port with a port from 0 to 65535, e.g. " + DefaultAddress + " (every interface) or 127.0.0.1:8888"
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return vgpu.InvalidField(field, addr, allowed)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 0 || n > 65535 {
+	if _, ok := configfile.Port(addr); !ok {
 		return vgpu.InvalidField(field, addr, allowed)
 	}
 	return nil
-}
-
-func validResourceName(name string) bool {
-	domain, rest, ok := strings.Cut(name, "/")
-	if !ok || rest == "" || strings.Contains(rest, "/") {
-		return false
-	}
-	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || domain == "requests" {
-		return false
-	}
-	return len(validation.IsDNS1123Subdomain(domain)) == 0 && len(validation.IsQualifiedName(name)) == 0
 }

@@ -1,6 +1,11 @@
 package vgpu
 
-import corev1 "k8s.io/api/core/v1"
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
 
 // Resource names a user writes in a container's limits (or requests). The
 // values are per container; ResourceMemory, ResourceMemoryPercentage and
@@ -43,4 +48,19 @@ const (
 // RequestFromPod checks them and reports errors.
 func Resources() []corev1.ResourceName {
 	return []corev1.ResourceName{ResourceGPU, ResourceMemory, ResourceMemoryPercentage, ResourceCores}
+}
+
+// IsExtendedResourceName reports whether name can be an extended resource a
+// device plugin registers: domain/name, the domain a DNS subdomain outside
+// kubernetes.io (and not "requests"), the whole a qualified name. Config
+// validation of the device plugin and the extender calls it.
+func IsExtendedResourceName(name string) bool {
+	domain, rest, ok := strings.Cut(name, "/")
+	if !ok || rest == "" || strings.Contains(rest, "/") {
+		return false
+	}
+	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || domain == "requests" {
+		return false
+	}
+	return len(validation.IsDNS1123Subdomain(domain)) == 0 && len(validation.IsQualifiedName(name)) == 0
 }

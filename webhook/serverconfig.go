@@ -2,8 +2,6 @@ package webhook
 
 import (
 	"errors"
-	"net"
-	"strconv"
 
 	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -61,12 +59,7 @@ func (c ServerConfig) Validate() error {
 // a port from 1 to 65535.
 func validateAddress(addr string) error {
 	const allowed = "must be host:port with a port from 1 to 65535, e.g. " + DefaultAddress + " (every interface) or 127.0.0.1:9443"
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return vgpu.InvalidField("address", addr, allowed)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
+	if port, ok := configfile.Port(addr); !ok || port < 1 {
 		return vgpu.InvalidField("address", addr, allowed)
 	}
 	return nil

@@ -6,7 +6,9 @@ package configfile
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -76,4 +78,20 @@ func (l *List) Set(s string) error {
 		*l = append(*l, strings.TrimSpace(e))
 	}
 	return nil
+}
+
+// Port returns the port of an address written host:port (the host may be
+// empty, meaning every interface), and false when addr is not of that form
+// or the port is not a number from 0 to 65535. Callers apply their own
+// lower bound and name their field in the error.
+func Port(addr string) (int, bool) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return 0, false
+	}
+	return n, true
 }
