@@ -3,7 +3,6 @@ package extender
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,9 +34,6 @@ type clusterState struct {
 	pods map[types.UID]*podEntry
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
-	// leasePrefix starts every heartbeat Lease name (HeartbeatLeaseName is
-	// "gpuslice-" + node, shortened but keeping that prefix); set once.
-	leasePrefix string
 }
 
 // nodeState is one node as the extender sees it.
@@ -95,7 +91,6 @@ func newClusterState(resourceName corev1.ResourceName) *clusterState {
 		nodes:        map[string]*nodeState{},
 		pods:         map[types.UID]*podEntry{},
 		leases:       map[string]*leaseState{},
-		leasePrefix:  vgpu.HeartbeatLeaseName(""),
 	}
 }
 
@@ -154,7 +149,7 @@ func (st *clusterState) deleteNode(name string) {
 // the namespace (the kubelets' node Leases in the default one) are
 // ignored: no node's leaseName can match them.
 func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
-	if !strings.HasPrefix(lease.Name, st.leasePrefix) {
+	if !vgpu.IsHeartbeatLeaseName(lease.Name) {
 		return
 	}
 	st.mu.Lock()
@@ -180,7 +175,7 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 
 // deleteLease records a heartbeat Lease deleted.
 func (st *clusterState) deleteLease(name string) {
-	if !strings.HasPrefix(name, st.leasePrefix) {
+	if !vgpu.IsHeartbeatLeaseName(name) {
 		return
 	}
 	st.mu.Lock()

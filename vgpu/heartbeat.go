@@ -41,6 +41,13 @@ func HeartbeatLeaseName(node string) string {
 	return prefix + suffix
 }
 
+// IsHeartbeatLeaseName reports whether name can be a name HeartbeatLeaseName
+// returns, so that readers of the heartbeat namespace can skip the kubelets'
+// own node Leases there without parsing them.
+func IsHeartbeatLeaseName(name string) bool {
+	return strings.HasPrefix(name, heartbeatLeasePrefix)
+}
+
 // PluginHeartbeat is the device plugin's registration state with the
 // kubelet, kept on its heartbeat Lease (AnnotationPluginHeartbeat). The
 // Lease's renewTime says the plugin is alive; this says whether the kubelet
