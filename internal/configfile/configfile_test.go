@@ -94,3 +94,26 @@ func TestList(t *testing.T) {
 		}
 	}
 }
+
+// TestPort checks which addresses have a usable port.
+func TestPort(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		port int
+		ok   bool
+	}{
+		{":8080", 8080, true},
+		{"127.0.0.1:0", 0, true},
+		{"[::1]:65535", 65535, true},
+		{"host:65536", 0, false},
+		{"host:-1", 0, false},
+		{"host:http", 0, false},
+		{"8080", 0, false},
+		{"", 0, false},
+	} {
+		port, ok := Port(tc.addr)
+		if port != tc.port || ok != tc.ok {
+			t.Errorf("Port(%q) = %d, %t; want %d, %t", tc.addr, port, ok, tc.port, tc.ok)
+		}
+	}
+}
