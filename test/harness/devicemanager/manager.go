@@ -3,8 +3,10 @@ package devicemanager
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +35,9 @@ const (
 	DefaultWaitTimeout = 30 * time.Second
 	// logVerbosity is the klog verbosity of the manager's log, written through t.Log.
 	logVerbosity = 2
+	// settleInterval and settleLimit bound how Stop waits for the folder to stop changing.
+	settleInterval = 50 * time.Millisecond
+	settleLimit    = 5 * time.Second
 )
 
 // Manager is a running kubelet device manager serving kubelet.sock in one folder. Its methods are
@@ -43,6 +48,7 @@ type Manager struct {
 	impl   *kubeletdevicemanager.ManagerImpl
 	logger klog.Logger
 	socket string
+	dir    string
 
 	// callMu serialises the calls into impl that the kubelet never makes concurrently.
 	callMu sync.Mutex
@@ -71,7 +77,7 @@ func Start(t testing.TB, pluginDir string) *Manager {
 	if err != nil {
 		t.Fatalf("devicemanager: create manager on %s: %v", socket, err)
 	}
-	m := &Manager{t: t, impl: impl, logger: logger, socket: socket}
+	m := &Manager{t: t, impl: impl, logger: logger, socket: socket, dir: pluginDir}
 	sourcesReady := config.NewSourcesReady(func(sets.Set[string]) bool { return true })
 	if err := impl.Start(logger, m.activePods, sourcesReady, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		t.Fatalf("devicemanager: start manager on %s: %v", socket, err)
@@ -82,12 +88,51 @@ func Start(t testing.TB, pluginDir string) *Manager {
 
 // Stop stops the registration server and disconnects every plugin, as a kubelet that exits does;
 // the checkpoint stays. It is idempotent and safe to call concurrently.
+//
+// The kubelet's own Stop does not join the goroutine it runs per plugin connection, and that
+// goroutine writes the checkpoint after every ListAndWatch response it had already received. A
+// real kubelet exits right after, so nothing notices; in a test the folder may be removed next, so
+// Stop also waits until the folder has stopped changing.
 func (m *Manager) Stop() {
 	m.stopOnce.Do(func() {
 		if err := m.impl.Stop(m.logger); err != nil {
 			m.t.Errorf("devicemanager: stop manager on %s: %v", m.socket, err)
 		}
+		m.settle()
 	})
+}
+
+// settle waits until two listings of the manager's folder, settleInterval apart, are the same
+// (names, sizes and modification times), or settleLimit has passed.
+func (m *Manager) settle() {
+	last := m.listing()
+	err := wait.PollUntilContextTimeout(context.Background(), settleInterval, settleLimit, false, func(context.Context) (bool, error) {
+		now := m.listing()
+		unchanged := now == last
+		last = now
+		return unchanged, nil
+	})
+	if err != nil {
+		m.logger.Info("Folder still changing after stop", "dir", m.dir, "waited", settleLimit)
+	}
+}
+
+// listing describes every entry in the manager's folder; "" when it cannot be read.
+func (m *Manager) listing() string {
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			fmt.Fprintf(&b, "%s gone\n", e.Name())
+			continue
+		}
+		fmt.Fprintf(&b, "%s %d %d\n", e.Name(), info.Size(), info.ModTime().UnixNano())
+	}
+	return b.String()
 }
 
 // SocketPath returns the path of the manager's registration socket, pluginDir/kubelet.sock.
