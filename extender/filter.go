@@ -65,6 +65,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		return result, nil
 	}
 	verdicts := make([]verdict, len(names))
+	seen := s.retries.seen()
 	if d.wantsGPU() {
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
 	} else {
@@ -91,6 +92,11 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		counts[v.reason]++
 	}
 	s.rejections.add(counts)
+	if len(counts) > 0 {
+		s.retries.rejected(args.Pod, seen)
+	} else {
+		s.retries.forget(args.Pod.UID)
+	}
 	if args.NodeNames != nil {
 		result.NodeNames = &passed
 	} else {

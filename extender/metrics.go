@@ -19,6 +19,7 @@ const (
 	MetricRequestDuration      = "gpuslice_extender_request_duration_seconds"
 	MetricFilterRejections     = "gpuslice_extender_filter_rejections_total"
 	MetricBinds                = "gpuslice_extender_binds_total"
+	MetricRetries              = "gpuslice_extender_scheduler_retries_total"
 	MetricGPUMemoryAllocated   = "gpuslice_gpu_memory_allocated_mib"
 	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
@@ -58,6 +59,7 @@ type metrics struct {
 	requests  map[string]*prometheus.CounterVec
 	durations map[string]prometheus.ObserverVec
 	binds     *prometheus.CounterVec
+	retries   prometheus.Counter
 }
 
 // newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
@@ -85,8 +87,13 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	for _, r := range []string{BindSuccess, BindUnfit, BindError} {
 		binds.WithLabelValues(r)
 	}
+	retries := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: MetricRetries,
+		Help: "Pods the extender asked kube-scheduler to try again (annotation " + AnnotationRetry + ") because Filter turned them away before it saw a change that may let them fit.",
+	})
 	m := &metrics{
 		handler:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		retries:   retries,
 		requests:  map[string]*prometheus.CounterVec{},
 		durations: map[string]prometheus.ObserverVec{},
 		binds:     binds,
@@ -106,6 +113,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		reg.Register(requests),
 		reg.Register(durations),
 		reg.Register(binds),
+		reg.Register(retries),
 		reg.Register(&stateCollector{s: s}),
 	); err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)

@@ -112,9 +112,9 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results are pre-set to 0; the vectors appear with
-	// their first sample.
-	if diff := cmp.Diff([]string{MetricBinds}, names); diff != "" {
+	// Only the bind results and the retry counter start at 0; the
+	// vectors appear with their first sample.
+	if diff := cmp.Diff([]string{MetricBinds, MetricRetries}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

@@ -50,6 +50,7 @@ type Scheduler struct {
 	state      *clusterState
 	bindLocks  keyedMutex
 	rejections rejectionCounts
+	retries    *retries
 	metrics    *metrics
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
@@ -77,8 +78,10 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		fitOptions: vgpu.FitOptions{
 			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
 		},
-		state: newClusterState(corev1.ResourceName(cfg.ResourceName)),
+		state:   newClusterState(corev1.ResourceName(cfg.ResourceName)),
+		retries: newRetries(),
 	}
+	s.state.retries, s.state.now, s.state.heartbeatMaxAge = s.retries, s.clock.Now, cfg.HeartbeatMaxAge.Duration
 	m, err := newMetrics(s, opts.Registry)
 	if err != nil {
 		return nil, err
@@ -147,8 +150,11 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	}
 	s.synced.Store(true)
 	logger.Info("Informer caches synced; ready")
+	var wg sync.WaitGroup
+	wg.Go(func() { s.retryLoop(ctx) })
 	<-ctx.Done()
 	s.synced.Store(false)
+	wg.Wait()
 	return nil
 }
 

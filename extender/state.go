@@ -34,6 +34,13 @@ type clusterState struct {
 	pods map[types.UID]*podEntry
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
+
+	// retries, when set, hears of every change that may let a pod Filter
+	// turned away fit now, timed by now; heartbeatMaxAge tells a Lease
+	// renewed after a gap that made it stale.
+	retries         *retries
+	now             func() time.Time
+	heartbeatMaxAge time.Duration
 }
 
 // nodeState is one node as the extender sees it.
@@ -111,6 +118,7 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := st.nodeLocked(node.Name)
+	wasReady, oldInventory := n.known && n.unready == nil, n.rawInventory
 	n.known = true
 	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
 	switch {
@@ -130,6 +138,17 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 		allocatable = q.Value()
 	}
 	n.unready = nodeUnready(n.inventoryErr, label, hasLabel, allocatable, st.resourceName)
+	if n.unready == nil && (!wasReady || n.rawInventory != oldInventory) {
+		st.changedLocked()
+	}
+}
+
+// changedLocked tells retries of a change that may let a pod fit where it
+// did not. Callers hold the write lock.
+func (st *clusterState) changedLocked() {
+	if st.retries != nil {
+		st.retries.changed(st.now())
+	}
 }
 
 // deleteNode records a Node deleted. Its usage stays until its pods go.
@@ -159,11 +178,17 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 		l = &leaseState{}
 		st.leases[lease.Name] = l
 	}
+	lastRenew := l.renewTime
 	l.renewTime = time.Time{}
 	if lease.Spec.RenewTime != nil {
 		l.renewTime = lease.Spec.RenewTime.Time
 	}
 	raw := lease.Annotations[vgpu.AnnotationPluginHeartbeat]
+	// A new Lease, a new registration state, or a renewal after a gap long
+	// enough for Filter to have judged the heartbeat stale.
+	if raw != l.raw || (!l.renewTime.IsZero() && (lastRenew.IsZero() || l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge)) {
+		st.changedLocked()
+	}
 	if raw != l.raw {
 		l.raw = raw
 		l.heartbeat, l.heartbeatErr = vgpu.PluginHeartbeat{}, nil
@@ -192,6 +217,9 @@ func (st *clusterState) upsertPod(pod *corev1.Pod) error {
 	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
+	if st.retries != nil && (terminal || node != "") {
+		st.retries.forget(pod.UID)
+	}
 	if st.podUnchanged(pod.UID, terminal || node == "" || !hasAlloc, node, raw) {
 		return nil
 	}
@@ -253,6 +281,9 @@ func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw 
 // deletePod records a pod deleted: whatever it held, bound or reserved, is
 // free again.
 func (st *clusterState) deletePod(uid types.UID) {
+	if st.retries != nil {
+		st.retries.forget(uid)
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.removeLocked(st.pods[uid])
@@ -276,6 +307,7 @@ func (st *clusterState) removeLocked(e *podEntry) {
 	n.usage.Remove(e.alloc, e.req)
 	n.gen++
 	delete(st.pods, e.uid)
+	st.changedLocked()
 }
 
 // release drops a reservation made by Bind, unless the informer already

@@ -1,0 +1,179 @@
+package extender
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// AnnotationRetry is the pod annotation the extender sets to make
+// kube-scheduler try again a pod that Filter turned away before the
+// extender's informers had seen a change that may let it fit. Its value is
+// the time of that change (RFC 3339).
+//
+// kube-scheduler retries an unschedulable pod when a Node or pod event it
+// watches may help. Its informers and the extender's are separate watches,
+// so the scheduler can retry on a Node update (plugin registered, room
+// freed by a deleted pod) before the extender has seen it: the extender
+// then turns the pod away on its older view, and nothing wakes the pod
+// again for up to five minutes. A heartbeat Lease coming back is never an
+// event for kube-scheduler at all. An update of the pod itself is: that is
+// what the annotation is for.
+const AnnotationRetry = "gpuslice.io/scheduler-retry"
+
+// retryDelay is how long after a change the extender waits before it asks
+// for retries: pods kube-scheduler retries on its own within that time are
+// rejected again after the change (or bound) and need no nudge.
+const retryDelay = 2 * time.Second
+
+// retries remembers the pods Filter turned away from some node and counts
+// the changes that may let such pods fit, and tells retryLoop when there is
+// work. Changes are numbered rather than timed so that a Filter and a
+// change within the same clock tick are still ordered. Safe for concurrent
+// use. Lock order: clusterState.mu before retries.mu.
+type retries struct {
+	// changes counts the changes so far; Filter reads it before it reads
+	// the state.
+	changes atomic.Uint64
+
+	mu sync.Mutex
+	// waiting are the pods turned away by Filter, by UID.
+	waiting map[types.UID]waitingPod
+	// lastChange is when the latest change happened.
+	lastChange time.Time
+	// wake has room for one signal: pods may wait since before a change.
+	wake chan struct{}
+}
+
+type waitingPod struct {
+	uid             types.UID
+	namespace, name string
+	// seen is the number of changes before the rejecting Filter read the
+	// state.
+	seen uint64
+}
+
+func newRetries() *retries {
+	return &retries{waiting: map[types.UID]waitingPod{}, wake: make(chan struct{}, 1)}
+}
+
+// seen returns the number of changes so far; Filter calls it before it
+// reads the state and passes it to rejected.
+func (r *retries) seen() uint64 { return r.changes.Load() }
+
+// rejected records that a Filter which had seen seen changes turned pod
+// away from at least one node. A change since, which that Filter may have
+// missed, wakes the loop.
+func (r *retries) rejected(pod *corev1.Pod, seen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.waiting[pod.UID] = waitingPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name, seen: seen}
+	if r.changes.Load() > seen {
+		r.signal()
+	}
+}
+
+// forget stops tracking a pod: it was bound, finished, deleted, or passed
+// every node.
+func (r *retries) forget(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waiting, uid)
+}
+
+// changed records a change at at that may let a waiting pod fit: a node's
+// plugin became ready, its inventory changed, or a pod's usage was freed.
+func (r *retries) changed(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changes.Add(1)
+	r.lastChange = at
+	if len(r.waiting) > 0 {
+		r.signal()
+	}
+}
+
+// signal wakes the loop. Callers hold mu.
+func (r *retries) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// due returns when the latest change happened and takes out the pods
+// turned away before it: their last Filter may have read a state older
+// than the change.
+func (r *retries) due() (time.Time, []waitingPod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	changes := r.changes.Load()
+	var pods []waitingPod
+	for uid, p := range r.waiting {
+		if p.seen < changes {
+			pods = append(pods, p)
+			delete(r.waiting, uid)
+		}
+	}
+	return r.lastChange, pods
+}
+
+// retryLoop sets AnnotationRetry on the pods that wait since before a
+// change, retryDelay after it, until ctx ends.
+func (s *Scheduler) retryLoop(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithName("retry")
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.retries.wake:
+		}
+		timer := time.NewTimer(retryDelay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		at, pods := s.retries.due()
+		for _, p := range pods {
+			err := s.askRetry(ctx, p, at)
+			switch {
+			case err == nil:
+				s.metrics.retries.Inc()
+				logger.V(2).Info("Asked kube-scheduler to retry a pod", "pod", klog.KRef(p.namespace, p.name), "changedAt", at)
+			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
+				// Gone, or replaced by a pod of the same name.
+			case ctx.Err() != nil:
+				return
+			default:
+				logger.Info("Could not ask kube-scheduler to retry a pod", "pod", klog.KRef(p.namespace, p.name), "err", err.Error())
+			}
+		}
+	}
+}
+
+// askRetry sets AnnotationRetry on the waiting pod, with its UID as
+// precondition (a merge patch cannot change the UID, so a pod recreated
+// under the same name refuses it). A pod bound since gets the annotation
+// too, harmlessly.
+func (s *Scheduler) askRetry(ctx context.Context, p waitingPod, at time.Time) error {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         p.uid,
+		"annotations": map[string]string{AnnotationRetry: at.UTC().Format(time.RFC3339Nano)},
+	}})
+	if err != nil {
+		return fmt.Errorf("encode patch: %w", err)
+	}
+	_, err = s.client.CoreV1().Pods(p.namespace).Patch(ctx, p.name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: fieldManager})
+	return err
+}

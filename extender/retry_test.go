@@ -1,0 +1,141 @@
+package extender
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/internal/metricstest"
+	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// TestRetriesOrder checks which pods are due: those turned away by a Filter
+// that read the state before the latest change, not those turned away
+// after it, and a Filter that raced a change wakes the loop.
+func TestRetriesOrder(t *testing.T) {
+	r := newRetries()
+	before, after, racing := slicePod("before", 1024), slicePod("after", 1024), slicePod("racing", 1024)
+	r.rejected(before, r.seen())
+	woken := func() bool {
+		select {
+		case <-r.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	if woken() {
+		t.Fatal("woken with no change")
+	}
+	racingSeen := r.seen() // a Filter starts, then the change lands
+	changedAt := now.Add(time.Second)
+	r.changed(changedAt)
+	if !woken() {
+		t.Fatal("a change with a pod waiting did not wake the loop")
+	}
+	r.rejected(after, r.seen())
+	if woken() {
+		t.Fatal("a rejection after the change woke the loop")
+	}
+	r.rejected(racing, racingSeen)
+	if !woken() {
+		t.Fatal("a rejection by a Filter that started before the change did not wake the loop")
+	}
+	at, pods := r.due()
+	if !at.Equal(changedAt) {
+		t.Errorf("due at %v, want %v", at, changedAt)
+	}
+	var names []string
+	for _, p := range pods {
+		names = append(names, p.name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"before", "racing"}) {
+		t.Errorf("due pods %v, want before and racing", names)
+	}
+	if _, pods := r.due(); len(pods) != 0 {
+		t.Errorf("pods due twice: %v", pods)
+	}
+	r.forget(after.UID)
+	r.changed(changedAt.Add(time.Second))
+	if woken() {
+		t.Error("a change with no pod waiting woke the loop")
+	}
+}
+
+// TestRetryAfterChange runs the informers and the retry loop on a fake
+// clientset: a pod turned away while a node's plugin was not ready, while
+// memory was short, or while the heartbeat was stale gets the retry
+// annotation once the change reaches the extender; a pod turned away after
+// the change does not.
+func TestRetryAfterChange(t *testing.T) {
+	_, n1 := gpuNode("n1", 1, 16384)
+	node := n1[0].(*corev1.Node).DeepCopy()
+	node.Labels[vgpu.LabelGPUReady] = "false"
+	running := boundPod(vgputest.Pod("running").Container("main").GPU(1).MemoryMiB(12288).Cores(10),
+		vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 12288, 10).Obj())
+	e := newEnv(t, testConfig(), node, n1[1], running)
+	ctx := context.Background()
+	retried := func(pod *corev1.Pod) bool { return e.getPod(pod).Annotations[AnnotationRetry] != "" }
+
+	waiter := slicePod("waiter", 1024)
+	e.createPod(waiter)
+	if v := e.filter(waiter, "n1"); len(*v.NodeNames) != 0 {
+		t.Fatalf("waiter passed n1 while its label is false: %+v", v)
+	}
+	node.Labels[vgpu.LabelGPUReady] = "true"
+	if _, err := e.client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waiter asked to retry after n1 turned ready", func() bool { return retried(waiter) })
+	if v := e.getPod(waiter).Annotations[AnnotationRetry]; v == "" {
+		t.Fatal("no retry annotation")
+	} else if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+		t.Errorf("retry annotation %q: %v", v, err)
+	}
+
+	// late is turned away for memory after every change so far: it waits
+	// until running is deleted.
+	late := slicePod("late", 8192)
+	e.createPod(late)
+	if v := e.filter(late, "n1"); len(*v.NodeNames) != 0 {
+		t.Fatalf("late passed n1 with 4096 MiB free: %+v", v)
+	}
+	if _, pods := e.s.retries.due(); len(pods) != 0 {
+		t.Errorf("due before running was deleted: %+v", pods)
+	}
+	if err := e.client.CoreV1().Pods(running.Namespace).Delete(ctx, running.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "late asked to retry after running was deleted", func() bool { return retried(late) })
+
+	// Stale heartbeat: a pod turned away for it is asked to retry once the
+	// Lease is renewed, which kube-scheduler never sees.
+	e.clock.SetTime(now.Add(3 * time.Minute))
+	stale := slicePod("stale", 1024)
+	e.createPod(stale)
+	if got := e.filter(stale, "n1").FailedAndUnresolvableNodes["n1"]; got == "" {
+		t.Fatal("stale passed n1 with a heartbeat three minutes old")
+	}
+	lease := vgputest.HeartbeatLease("n1", now.Add(3*time.Minute)).Obj()
+	if _, err := e.client.CoordinationV1().Leases(lease.Namespace).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "stale asked to retry after the Lease was renewed", func() bool { return retried(stale) })
+
+	// A pod turned away after the last change stays as it is.
+	after := slicePod("after", 1024)
+	e.createPod(after)
+	e.filter(after, "missing-node")
+	if _, pods := e.s.retries.due(); len(pods) != 0 {
+		t.Errorf("due after the last change: %+v", pods)
+	}
+	if got := metricstest.Scrape(t, nil, e.srv.URL+"/metrics")[MetricRetries]; got != 3 {
+		t.Errorf("%s = %v, want 3 (waiter, late, stale)", MetricRetries, got)
+	}
+}
