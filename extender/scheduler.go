@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -111,6 +112,7 @@ func (s *Scheduler) Rejections() map[vgpu.Reason]int64 { return s.rejections.sna
 // ends before the caches synced. Call it once.
 func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("informers")
+	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName))
 	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
 	leases := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
 		informers.WithNamespace(s.cfg.HeartbeatNamespace), informers.WithTransform(trim))
@@ -183,29 +185,62 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 	}
 }
 
-// trim drops from informer objects what the extender never reads, to keep
-// a cluster-wide pod cache small: managed fields everywhere, and of a Pod
-// all but its identity, annotations, node, containers' names and
-// resources, init containers' restart policy and phase.
-func trim(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *corev1.Pod:
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: o.Name, Namespace: o.Namespace, UID: o.UID,
-				ResourceVersion: o.ResourceVersion, Annotations: o.Annotations,
-				DeletionTimestamp: o.DeletionTimestamp,
-			},
-			Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
-			Status: corev1.PodStatus{Phase: o.Status.Phase},
+// trimmer returns the informers' transform: it drops from each object
+// what the extender never reads, to keep cluster-wide caches small. Of a
+// Pod it keeps its identity, its hami.io/ annotations (not, say, kubectl's
+// last-applied-configuration), node, containers' names and resources, init
+// containers' restart policy and phase. Of a Node it keeps its identity,
+// the ready label, the inventory annotation and the allocatable of
+// resource (not its images, conditions or other status). Of anything else,
+// all but the managed fields.
+func trimmer(resource corev1.ResourceName) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		switch o := obj.(type) {
+		case *corev1.Pod:
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{
+					Name: o.Name, Namespace: o.Namespace, UID: o.UID,
+					ResourceVersion: o.ResourceVersion, Annotations: keepAnnotations(o.Annotations),
+					DeletionTimestamp: o.DeletionTimestamp,
+				},
+				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
+				Status: corev1.PodStatus{Phase: o.Status.Phase},
+			}
+			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
+			p.Spec.Containers = trimContainers(o.Spec.Containers)
+			return p, nil
+		case *corev1.Node:
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: o.Name, UID: o.UID, ResourceVersion: o.ResourceVersion}}
+			if v, ok := o.Labels[vgpu.LabelGPUReady]; ok {
+				n.Labels = map[string]string{vgpu.LabelGPUReady: v}
+			}
+			if v, ok := o.Annotations[vgpu.AnnotationNodeInventory]; ok {
+				n.Annotations = map[string]string{vgpu.AnnotationNodeInventory: v}
+			}
+			if q, ok := o.Status.Allocatable[resource]; ok {
+				n.Status.Allocatable = corev1.ResourceList{resource: q}
+			}
+			return n, nil
+		case metav1.Object:
+			o.SetManagedFields(nil)
 		}
-		p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
-		p.Spec.Containers = trimContainers(o.Spec.Containers)
-		return p, nil
-	case metav1.Object:
-		o.SetManagedFields(nil)
+		return obj, nil
 	}
-	return obj, nil
+}
+
+// keepAnnotations returns the hami.io/ annotations of a pod: its
+// allocation and its placement constraints.
+func keepAnnotations(in map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range in {
+		if strings.HasPrefix(k, vgpu.AnnotationPrefix) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func trimContainers(cs []corev1.Container) []corev1.Container {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -156,8 +157,10 @@ func TestTrim(t *testing.T) {
 		Sidecar("side").GPU(1).MemoryMiB(1000).
 		Container("main").GPU(1).MemoryMiB(2000).Cores(10), alloc)
 	pod.Labels = map[string]string{"app": "x"}
+	pod.Annotations["kubectl.kubernetes.io/last-applied-configuration"] = "{}"
 	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}}
 	pod.Status.Phase = corev1.PodRunning
+	trim := trimmer(vgpu.ResourceGPU)
 	obj, err := trim(pod)
 	if err != nil {
 		t.Fatal(err)
@@ -172,8 +175,36 @@ func TestTrim(t *testing.T) {
 		trimmed.Annotations[vgpu.AnnotationPodAllocation] != pod.Annotations[vgpu.AnnotationPodAllocation] {
 		t.Errorf("trimmed pod lost what the extender reads: %+v", trimmed)
 	}
-	if trimmed.Labels != nil || trimmed.Spec.Containers[0].Env != nil {
-		t.Errorf("trimmed pod kept labels or env: %+v", trimmed)
+	if trimmed.Labels != nil || trimmed.Spec.Containers[0].Env != nil || len(trimmed.Annotations) != 2 {
+		t.Errorf("trimmed pod kept labels, env or annotations other than hami.io/: %+v", trimmed)
+	}
+
+	inv := vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()
+	node := vgputest.PublishedNode(inv).Obj()
+	node.Labels["kubernetes.io/hostname"] = "n1"
+	node.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
+	node.Status.Images = []corev1.ContainerImage{{Names: []string{"registry.example/app:1"}, SizeBytes: 1 << 30}}
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	obj, err = trim(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, small := newClusterState(vgpu.ResourceGPU), newClusterState(vgpu.ResourceGPU)
+	full.upsertNode(node)
+	small.upsertNode(obj.(*corev1.Node))
+	f, sm := full.nodes["n1"], small.nodes["n1"]
+	if diff := cmp.Diff(f.inventory, sm.inventory); diff != "" {
+		t.Errorf("inventory (-full +trimmed):\n%s", diff)
+	}
+	if f.known != sm.known || f.rawInventory != sm.rawInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
+		f.unready != nil || sm.unready != nil {
+		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
+	}
+	trimmedNode := obj.(*corev1.Node)
+	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 1 ||
+		trimmedNode.Status.Images != nil || trimmedNode.Status.Conditions != nil {
+		t.Errorf("trimmed node kept what the extender does not read: %+v", trimmedNode)
 	}
 }
 

@@ -15,6 +15,10 @@ import (
 
 // Keys and labels.
 const (
+	// AnnotationPrefix starts every annotation and label key of this
+	// protocol; readers that cache pods may keep only the annotations with
+	// it.
+	AnnotationPrefix = "hami.io/"
 	// AnnotationNodeInventory is on each Node. The device plugin writes it
 	// (EncodeNodeInventory) at start and whenever a GPU's health or the
 	// plugin's settings change, and only when the bytes change. The

@@ -266,3 +266,17 @@ func TestReadyLabel(t *testing.T) {
 		}
 	}
 }
+
+// TestAnnotationPrefix checks that every key of the protocol starts with
+// AnnotationPrefix, which caches of pods rely on.
+func TestAnnotationPrefix(t *testing.T) {
+	for _, key := range []string{
+		vgpu.AnnotationNodeInventory, vgpu.LabelGPUReady, vgpu.AnnotationPluginHeartbeat, vgpu.AnnotationPodAllocation,
+		vgpu.AnnotationGPUModel, vgpu.AnnotationGPUModelExclude, vgpu.AnnotationGPUUUID, vgpu.AnnotationGPUUUIDExclude,
+		vgpu.AnnotationNUMABind, vgpu.AnnotationNodePolicy, vgpu.AnnotationGPUPolicy,
+	} {
+		if !strings.HasPrefix(key, vgpu.AnnotationPrefix) {
+			t.Errorf("%q does not start with %q", key, vgpu.AnnotationPrefix)
+		}
+	}
+}
