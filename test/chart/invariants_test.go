@@ -17,7 +17,7 @@ import (
 // clusterScoped are the cluster-scoped kinds the chart renders.
 func clusterScoped(kind string) bool {
 	switch kind {
-	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration":
+	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 		return true
 	}
 	return false

@@ -65,6 +65,10 @@ func typedKind(apiVersion, kind string) (any, error) {
 		return &policyv1.PodDisruptionBudget{}, nil
 	case "admissionregistration.k8s.io/v1 MutatingWebhookConfiguration":
 		return &admissionregistrationv1.MutatingWebhookConfiguration{}, nil
+	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+		return &admissionregistrationv1.ValidatingAdmissionPolicy{}, nil
+	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+		return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, nil
 	case "cert-manager.io/v1 Issuer", "cert-manager.io/v1 Certificate", "monitoring.coreos.com/v1 ServiceMonitor":
 		return nil, nil
 	}

@@ -77,6 +77,10 @@ func TestChartRejectsBadValues(t *testing.T) {
 		values: "webhook: {failurePolicy: Sometimes}",
 		want:   []string{"/webhook/failurePolicy", "value must be one of 'Fail', 'Ignore'"},
 	}, {
+		name:   "allocationPolicy.enabled not a boolean",
+		values: "allocationPolicy: {enabled: \"yes\"}",
+		want:   []string{"/allocationPolicy/enabled", "got string, want boolean"},
+	}, {
 		name:   "issuerRef without name",
 		values: "webhook: {certManager: {enabled: true, issuerRef: {kind: ClusterIssuer}}}",
 		want:   []string{"webhook.certManager.issuerRef.name: required when issuerRef is set"},

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -146,6 +147,36 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 			t.Errorf("%s: schedulerName %q", p.Name, p.Spec.SchedulerName)
 		}
 	}
+	// The chart's ValidatingAdmissionPolicy: the extender's own ServiceAccount wrote every
+	// allocation above; the cluster admin may not change one (the API server may take a moment
+	// to load a new policy, hence the poll).
+	if len(settled.running) > 0 {
+		victim := settled.running[0]
+		patch := []byte(`{"metadata":{"annotations":{"` + vgpu.AnnotationPodAllocation + `":"{}"}}}`)
+		poll(t, 30*time.Second, "the admin's change of an allocation denied by the chart's policy", func(ctx context.Context) (bool, string) {
+			_, err := c.Client().CoreV1().Pods(victim.Namespace).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+			if err == nil {
+				return false, "patch accepted"
+			}
+			return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), err.Error()
+		})
+		_, err := c.Client().CoreV1().Pods(victim.Namespace).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if err == nil || !strings.Contains(err.Error(), "hami.io/gpu-allocation is written only by the gpuslice scheduler extender (system:serviceaccount:gpuslice-system:gpuslice-scheduler)") {
+			t.Errorf("admin changing an allocation: %v, want the policy's message", err)
+		}
+		cur, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur.Annotations[vgpu.AnnotationPodAllocation] != victim.Annotations[vgpu.AnnotationPodAllocation] {
+			t.Errorf("%s: allocation changed to %q", victim.Name, cur.Annotations[vgpu.AnnotationPodAllocation])
+		}
+		other := []byte(`{"metadata":{"annotations":{"example.com/note":"fine"}}}`)
+		if _, err := c.Client().CoreV1().Pods(victim.Namespace).Patch(ctx, victim.Name, types.MergePatchType, other, metav1.PatchOptions{}); err != nil {
+			t.Errorf("admin changing another annotation: %v, want it allowed", err)
+		}
+	}
+
 	// The footprint the chart's resource requests and limits are set from.
 	for _, p := range c.State.Processes {
 		if strings.Contains(p.Name, "gpuslice") || strings.HasSuffix(p.Name, "device-plugin") || p.Name == "kube-scheduler" {
@@ -201,6 +232,9 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	}
 	if _, err := c.Client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "gpuslice-webhook", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("after helm uninstall the MutatingWebhookConfiguration is still there (err %v)", err)
+	}
+	if _, err := c.Client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "gpuslice-allocation", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after helm uninstall the ValidatingAdmissionPolicy is still there (err %v)", err)
 	}
 	for _, name := range []string{"gpuslice-device-plugin", "gpuslice-scheduler-extender"} {
 		if _, err := c.Client().RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
