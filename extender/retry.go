@@ -1,9 +1,11 @@
 package extender
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,10 +32,18 @@ import (
 // what the annotation is for.
 const AnnotationRetry = "gpuslice.io/scheduler-retry"
 
-// retryDelay is how long after a change the extender waits before it asks
-// for retries: pods kube-scheduler retries on its own within that time are
-// rejected again after the change (or bound) and need no nudge.
-const retryDelay = 2 * time.Second
+// Pacing of the retries asked for: retryDelay after a change (pods
+// kube-scheduler retries on its own within that time are rejected again
+// after the change, or bound, and need nothing); at most retryBatch pods
+// per pass, the others retryDelay later, so that the extender's API budget
+// stays with Bind; and at most once per retryInterval for one pod, so that
+// a pod kube-scheduler keeps in back-off while changes come every second
+// is not written to at that pace.
+const (
+	retryDelay    = 2 * time.Second
+	retryBatch    = 20
+	retryInterval = 30 * time.Second
+)
 
 // retries remembers the pods Filter turned away from some node and counts
 // the changes that may let such pods fit, and tells retryLoop when there is
@@ -47,7 +57,7 @@ type retries struct {
 
 	mu sync.Mutex
 	// waiting are the pods turned away by Filter, by UID.
-	waiting map[types.UID]waitingPod
+	waiting map[types.UID]*waitingPod
 	// lastChange is when the latest change happened.
 	lastChange time.Time
 	// wake has room for one signal: pods may wait since before a change.
@@ -57,13 +67,15 @@ type retries struct {
 type waitingPod struct {
 	uid             types.UID
 	namespace, name string
-	// seen is the number of changes before the rejecting Filter read the
-	// state.
+	// seen is the number of changes before the last Filter that turned the
+	// pod away read the state, or when the pod was last asked to retry.
 	seen uint64
+	// askedAt is when the pod was last asked to retry; zero if never.
+	askedAt time.Time
 }
 
 func newRetries() *retries {
-	return &retries{waiting: map[types.UID]waitingPod{}, wake: make(chan struct{}, 1)}
+	return &retries{waiting: map[types.UID]*waitingPod{}, wake: make(chan struct{}, 1)}
 }
 
 // seen returns the number of changes so far; Filter calls it before it
@@ -76,7 +88,12 @@ func (r *retries) seen() uint64 { return r.changes.Load() }
 func (r *retries) rejected(pod *corev1.Pod, seen uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.waiting[pod.UID] = waitingPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name, seen: seen}
+	w := r.waiting[pod.UID]
+	if w == nil {
+		w = &waitingPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name}
+		r.waiting[pod.UID] = w
+	}
+	w.seen = max(w.seen, seen)
 	if r.changes.Load() > seen {
 		r.signal()
 	}
@@ -110,41 +127,68 @@ func (r *retries) signal() {
 	}
 }
 
-// due returns when the latest change happened and takes out the pods
-// turned away before it: their last Filter may have read a state older
-// than the change.
-func (r *retries) due() (time.Time, []waitingPod) {
+// due returns when the latest change happened and the pods to ask now:
+// those whose last Filter read a state older than it, not asked within
+// retryInterval before now, at most retryBatch of them, the most recently
+// turned away first (the likeliest to have raced the change). It marks
+// them asked. again is when another pass is needed for the pods it left
+// out; 0 when none is.
+func (r *retries) due(now time.Time) (at time.Time, pods []waitingPod, again time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	changes := r.changes.Load()
-	var pods []waitingPod
-	for uid, p := range r.waiting {
-		if p.seen < changes {
-			pods = append(pods, p)
-			delete(r.waiting, uid)
+	var ready []*waitingPod
+	for _, w := range r.waiting {
+		if w.seen >= changes {
+			continue
 		}
+		if !w.askedAt.IsZero() {
+			if wait := retryInterval - now.Sub(w.askedAt); wait > 0 {
+				if again == 0 || wait < again {
+					again = wait
+				}
+				continue
+			}
+		}
+		ready = append(ready, w)
 	}
-	return r.lastChange, pods
+	slices.SortFunc(ready, func(a, b *waitingPod) int { return cmp.Compare(b.seen, a.seen) })
+	if len(ready) > retryBatch {
+		ready = ready[:retryBatch]
+		again = time.Nanosecond // the next pass, retryDelay from now
+	}
+	for _, w := range ready {
+		w.seen, w.askedAt = changes, now
+		pods = append(pods, *w)
+	}
+	return r.lastChange, pods, again
 }
 
 // retryLoop sets AnnotationRetry on the pods that wait since before a
 // change, retryDelay after it, until ctx ends.
 func (s *Scheduler) retryLoop(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("retry")
+	later := time.NewTimer(time.Hour)
+	later.Stop()
+	defer later.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.retries.wake:
+		case <-later.C:
 		}
-		timer := time.NewTimer(retryDelay)
+		pause := time.NewTimer(retryDelay)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
+			pause.Stop()
 			return
-		case <-timer.C:
+		case <-pause.C:
 		}
-		at, pods := s.retries.due()
+		at, pods, again := s.retries.due(s.clock.Now())
+		if again > 0 {
+			later.Reset(again)
+		}
 		for _, p := range pods {
 			err := s.askRetry(ctx, p, at)
 			switch {

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -46,9 +47,9 @@ func TestRetriesOrder(t *testing.T) {
 	if !woken() {
 		t.Fatal("a rejection by a Filter that started before the change did not wake the loop")
 	}
-	at, pods := r.due()
-	if !at.Equal(changedAt) {
-		t.Errorf("due at %v, want %v", at, changedAt)
+	at, pods, again := r.due(now)
+	if !at.Equal(changedAt) || again != 0 {
+		t.Errorf("due at %v, again in %v; want %v and no other pass", at, again, changedAt)
 	}
 	var names []string
 	for _, p := range pods {
@@ -58,13 +59,57 @@ func TestRetriesOrder(t *testing.T) {
 	if !slices.Equal(names, []string{"before", "racing"}) {
 		t.Errorf("due pods %v, want before and racing", names)
 	}
-	if _, pods := r.due(); len(pods) != 0 {
+	if _, pods, _ := r.due(now); len(pods) != 0 {
 		t.Errorf("pods due twice: %v", pods)
 	}
-	r.forget(after.UID)
+	for _, p := range []*corev1.Pod{before, after, racing} {
+		r.forget(p.UID)
+	}
 	r.changed(changedAt.Add(time.Second))
 	if woken() {
 		t.Error("a change with no pod waiting woke the loop")
+	}
+}
+
+// TestRetriesPacing checks the limits on writes: at most retryBatch pods
+// per pass, the most recently turned away first, and one pod at most once
+// per retryInterval however many changes come.
+func TestRetriesPacing(t *testing.T) {
+	r := newRetries()
+	var pods []*corev1.Pod
+	for i := range retryBatch + 5 {
+		p := slicePod(fmt.Sprintf("p%02d", i), 1024)
+		pods = append(pods, p)
+		r.rejected(p, r.seen())
+		r.changed(now) // each pod is turned away one change later than the one before
+	}
+	_, first, again := r.due(now)
+	if len(first) != retryBatch || again <= 0 || again > retryDelay {
+		t.Fatalf("first pass: %d pods, again in %v; want %d and another pass soon", len(first), again, retryBatch)
+	}
+	for _, p := range first {
+		if p.name < "p05" {
+			t.Errorf("%s asked in the first pass before a pod turned away later", p.name)
+		}
+	}
+	_, second, again := r.due(now)
+	if len(second) != 5 || again != 0 {
+		t.Fatalf("second pass: %d pods, again in %v; want the 5 left and no other pass", len(second), again)
+	}
+
+	// Every pod is turned away again, and another change comes 10 s later:
+	// all were asked within retryInterval, so none is due until it ends.
+	for _, p := range pods {
+		r.rejected(p, r.seen())
+	}
+	r.changed(now.Add(10 * time.Second))
+	_, none, again := r.due(now.Add(10 * time.Second))
+	if len(none) != 0 || again != retryInterval-10*time.Second {
+		t.Fatalf("within retryInterval: %d pods, again in %v; want none and a pass in %v", len(none), again, retryInterval-10*time.Second)
+	}
+	_, third, _ := r.due(now.Add(retryInterval))
+	if len(third) != retryBatch {
+		t.Errorf("after retryInterval: %d pods, want %d", len(third), retryBatch)
 	}
 }
 
@@ -98,6 +143,10 @@ func TestRetryAfterChange(t *testing.T) {
 	} else if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
 		t.Errorf("retry annotation %q: %v", v, err)
 	}
+	// kube-scheduler's retry: the waiter passes now.
+	if v := e.filter(waiter, "n1"); len(*v.NodeNames) != 1 {
+		t.Fatalf("waiter does not pass n1 once ready: %+v", v)
+	}
 
 	// late is turned away for memory after every change so far: it waits
 	// until running is deleted.
@@ -106,13 +155,16 @@ func TestRetryAfterChange(t *testing.T) {
 	if v := e.filter(late, "n1"); len(*v.NodeNames) != 0 {
 		t.Fatalf("late passed n1 with 4096 MiB free: %+v", v)
 	}
-	if _, pods := e.s.retries.due(); len(pods) != 0 {
+	if _, pods, _ := e.s.retries.due(e.clock.Now()); len(pods) != 0 {
 		t.Errorf("due before running was deleted: %+v", pods)
 	}
 	if err := e.client.CoreV1().Pods(running.Namespace).Delete(ctx, running.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "late asked to retry after running was deleted", func() bool { return retried(late) })
+	if v := e.filter(late, "n1"); len(*v.NodeNames) != 1 {
+		t.Fatalf("late does not pass n1 once running is gone: %+v", v)
+	}
 
 	// Stale heartbeat: a pod turned away for it is asked to retry once the
 	// Lease is renewed, which kube-scheduler never sees.
@@ -132,7 +184,7 @@ func TestRetryAfterChange(t *testing.T) {
 	after := slicePod("after", 1024)
 	e.createPod(after)
 	e.filter(after, "missing-node")
-	if _, pods := e.s.retries.due(); len(pods) != 0 {
+	if _, pods, _ := e.s.retries.due(e.clock.Now()); len(pods) != 0 {
 		t.Errorf("due after the last change: %+v", pods)
 	}
 	if got := metricstest.Scrape(t, nil, e.srv.URL+"/metrics")[MetricRetries]; got != 3 {
