@@ -305,6 +305,13 @@ func (n *Node) WaitPluginReady(ctx context.Context) error {
 // KillPlugin kills the device plugin with SIGKILL, as a crash would.
 func (n *Node) KillPlugin() error { return n.Plugin.Kill() }
 
+// PausePlugin freezes the device plugin (SIGSTOP): it stays registered with the kubelet and its
+// label stays, but it renews nothing until ResumePlugin.
+func (n *Node) PausePlugin() error { return n.Plugin.Pause() }
+
+// ResumePlugin lets a paused device plugin run again.
+func (n *Node) ResumePlugin() { n.Plugin.Resume() }
+
 // StopPlugin stops the device plugin with SIGTERM (SIGKILL after a timeout).
 func (n *Node) StopPlugin() error { return n.Plugin.Stop() }
 

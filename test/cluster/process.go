@@ -137,6 +137,21 @@ func (p *Process) Kill() error {
 	return nil
 }
 
+// Pause freezes the process group with SIGSTOP: it keeps its sockets, files and connections but
+// does nothing until Resume, as a process starved of CPU or stuck in the kernel would.
+func (p *Process) Pause() error {
+	if p.Exited() {
+		return fmt.Errorf("%s (pid %d) has exited", p.Name, p.PID)
+	}
+	p.killGroup(syscall.SIGSTOP)
+	return nil
+}
+
+// Resume lets a paused process group run again (SIGCONT).
+func (p *Process) Resume() {
+	p.killGroup(syscall.SIGCONT)
+}
+
 // killGroup signals the process group, but only while it is still this process's group. While the
 // leader lives (same start time), the group is signalled at once. Once the leader is gone, Linux
 // does not hand its PID to a new process while the group has members, so the processes whose group

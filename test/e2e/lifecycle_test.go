@@ -17,7 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/gpuslice/gpuslice/extender"
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // runGPUPod creates a one-GPU pod and waits for it to run, returning it.
@@ -271,4 +273,76 @@ func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 		}
 		return p.Spec.NodeName == n.Name && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
 	})
+	// Whether kube-scheduler retried on its own or the extender had to ask (it saw the plugin
+	// turn ready after kube-scheduler's own retry had been turned away).
+	if p, err := pods.Get(ctx, "waiter", metav1.GetOptions{}); err == nil {
+		t.Logf("%s: %q", extender.AnnotationRetry, p.Annotations[extender.AnnotationRetry])
+	}
+}
+
+// TestHeartbeatBackRetriesPod proves the extender's retry request with the real kube-scheduler. The
+// node's plugin is frozen (SIGSTOP): it stays registered and its label and allocatable stay, but
+// its heartbeat Lease ages, so a GPU pod is turned away with "heartbeat Lease not renewed". When
+// the plugin runs again only the Lease changes, and kube-scheduler does not watch Leases: without
+// the extender's gpuslice.io/scheduler-retry the pod would wait for kube-scheduler's five-minute
+// flush of unschedulable pods. Real: every Kubernetes component and gpuslice's binaries. Fake:
+// NVML and the container runtime.
+func TestHeartbeatBackRetriesPod(t *testing.T) {
+	opts := clusterOptions(cluster.NodeOptions{Name: "node-1", FakeGPUs: fakeGPUs, PluginArgs: []string{"--lease-renew=1s"}})
+	opts.ExtenderArgs = []string{"--heartbeat-max-age=3s"}
+	c := startClusterWith(t, opts)
+	n := c.Nodes[0]
+	ctx := context.Background()
+	if err := n.PausePlugin(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.ResumePlugin) // before the cluster stops it
+	leases := c.Client().CoordinationV1().Leases(vgpu.DefaultHeartbeatNamespace)
+	poll(t, 30*time.Second, "the heartbeat Lease older than the extender's 3 s", func(ctx context.Context) (bool, string) {
+		l, err := leases.Get(ctx, vgpu.HeartbeatLeaseName(n.Name), metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if l.Spec.RenewTime == nil {
+			return false, "no renewTime"
+		}
+		age := time.Since(l.Spec.RenewTime.Time)
+		return age > 4*time.Second, fmt.Sprintf("renewed %v ago", age)
+	})
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	if _, err := pods.Create(ctx, gpuPod("frozen", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "FailedScheduling event saying the heartbeat is stale", func(ctx context.Context) (bool, string) {
+		events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=frozen"})
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, e := range events.Items {
+			seen = append(seen, e.Reason+": "+e.Message)
+			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "heartbeat Lease not renewed") {
+				return true, ""
+			}
+		}
+		return false, strings.Join(seen, "; ")
+	})
+
+	n.ResumePlugin()
+	resumed := time.Now()
+	poll(t, time.Minute, "pod bound to node-1 and Running once the heartbeat is back", func(ctx context.Context) (bool, string) {
+		p, err := pods.Get(ctx, "frozen", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Spec.NodeName == n.Name && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
+	})
+	p, err := pods.Get(ctx, "frozen", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Annotations[extender.AnnotationRetry] == "" {
+		t.Errorf("pod Running without %s: kube-scheduler retried on some other event", extender.AnnotationRetry)
+	}
+	t.Logf("Running %v after the plugin resumed; %s: %q", time.Since(resumed).Round(100*time.Millisecond), extender.AnnotationRetry, p.Annotations[extender.AnnotationRetry])
 }
