@@ -92,7 +92,9 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		counts[v.reason]++
 	}
 	s.rejections.add(counts)
-	if len(counts) > 0 {
+	// A pod that passed some node is placed there (kube-scheduler sends
+	// only nodes its own filters passed); one that passed none waits.
+	if len(passed) == 0 && len(counts) > 0 {
 		s.retries.rejected(args.Pod, seen)
 	} else {
 		s.retries.forget(args.Pod.UID)

@@ -119,6 +119,19 @@ func (r *retries) changed(at time.Time) {
 	}
 }
 
+// failed puts back a pod due returned whose retry request failed: it is
+// due again in the next pass.
+func (r *retries) failed(p waitingPod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.waiting[p.uid]
+	if w == nil || !w.askedAt.Equal(p.askedAt) {
+		return // forgotten, or turned away again since
+	}
+	w.seen, w.askedAt = 0, time.Time{}
+	r.signal()
+}
+
 // signal wakes the loop. Callers hold mu.
 func (r *retries) signal() {
 	select {
@@ -196,11 +209,15 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 				s.metrics.retries.Inc()
 				logger.V(2).Info("Asked kube-scheduler to retry a pod", "pod", klog.KRef(p.namespace, p.name), "changedAt", at)
 			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
-				// Gone, or replaced by a pod of the same name.
+				// Gone, or replaced by a pod of the same name (a Filter
+				// that ran while the informer saw it go can have
+				// recorded it again).
+				s.retries.forget(p.uid)
 			case ctx.Err() != nil:
 				return
 			default:
-				logger.Info("Could not ask kube-scheduler to retry a pod", "pod", klog.KRef(p.namespace, p.name), "err", err.Error())
+				s.retries.failed(p)
+				logger.Info("Could not ask kube-scheduler to retry a pod; trying again in the next pass", "pod", klog.KRef(p.namespace, p.name), "err", err.Error())
 			}
 		}
 	}

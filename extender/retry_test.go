@@ -191,3 +191,32 @@ func TestRetryAfterChange(t *testing.T) {
 		t.Errorf("%s = %v, want 3 (waiter, late, stale)", MetricRetries, got)
 	}
 }
+
+// TestRetriesFailed checks that a pod whose retry request failed is due
+// again in the next pass, not only after retryInterval and a new change.
+func TestRetriesFailed(t *testing.T) {
+	r := newRetries()
+	p := slicePod("p", 1024)
+	r.rejected(p, r.seen())
+	r.changed(now)
+	_, pods, _ := r.due(now)
+	if len(pods) != 1 {
+		t.Fatalf("due: %d pods, want 1", len(pods))
+	}
+	<-r.wake // the change's signal
+	r.failed(pods[0])
+	select {
+	case <-r.wake:
+	default:
+		t.Error("a failed request did not wake the loop")
+	}
+	if _, again, _ := r.due(now.Add(retryDelay)); len(again) != 1 {
+		t.Errorf("after a failed request: %d pods due, want 1", len(again))
+	}
+	// A request that failed after the pod was forgotten brings nothing back.
+	r.forget(p.UID)
+	r.failed(pods[0])
+	if _, none, _ := r.due(now.Add(2 * retryDelay)); len(none) != 0 {
+		t.Errorf("forgotten pod due again: %+v", none)
+	}
+}

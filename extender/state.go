@@ -185,8 +185,11 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	}
 	raw := lease.Annotations[vgpu.AnnotationPluginHeartbeat]
 	// A new Lease, a new registration state, or a renewal after a gap long
-	// enough for Filter to have judged the heartbeat stale.
-	if raw != l.raw || (!l.renewTime.IsZero() && (lastRenew.IsZero() || l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge)) {
+	// enough for Filter to have judged the heartbeat stale: between the
+	// two renewals, or (clocks differ, watches lag) by the extender's own
+	// clock, which Filter uses.
+	if st.retries != nil && (raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
+		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge)) {
 		st.changedLocked()
 	}
 	if raw != l.raw {

@@ -113,6 +113,7 @@ func (p *Process) Stop() error {
 		return nil
 	}
 	p.killGroup(syscall.SIGTERM)
+	p.killGroup(syscall.SIGCONT) // a paused process acts on SIGTERM only once it runs
 	grace := p.grace
 	if grace == 0 {
 		grace = stopTimeout
