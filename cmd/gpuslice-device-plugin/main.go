@@ -18,12 +18,12 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/internal/kubeclient"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -169,19 +169,12 @@ func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, 
 // kubeClient returns a client from kubeconfig, or in-cluster, or nil when
 // neither is available (the plugin then serves the kubelet only).
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			return nil, nil
-		}
-	}
-	if err != nil {
+	cfg, err := kubeclient.Config(kubeconfig, "gpuslice-device-plugin/"+version)
+	switch {
+	case errors.Is(err, rest.ErrNotInCluster):
+		return nil, nil
+	case err != nil:
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	cfg.UserAgent = "gpuslice-device-plugin/" + version
 	return kubernetes.NewForConfig(cfg)
 }

@@ -16,12 +16,11 @@ import (
 	"syscall"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/extender"
 	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/internal/kubeclient"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=…".
@@ -103,17 +102,10 @@ func oneLine(err error) string {
 
 // kubeClient returns a client from kubeconfig, or in-cluster when empty.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := kubeclient.Config(kubeconfig, name+"/"+version)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w (set --kubeconfig outside a cluster)", err)
 	}
-	cfg.UserAgent = name + "/" + version
 	// Each bind makes three requests; client-go's default 5 QPS would
 	// queue a 40-pod job for seconds. These match kube-scheduler's.
 	cfg.QPS, cfg.Burst = 50, 100
