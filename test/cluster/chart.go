@@ -176,7 +176,7 @@ type mapping struct{ container, local string }
 // materialize turns container name of spec into a process: mounted ConfigMaps and Secrets are
 // written under root, hostPath volumes go through hostPath, and every mount path in the arguments
 // and in the mounted files is replaced by its folder. node fills spec.nodeName field references.
-func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, node string, hostPath func(string) (string, error)) (podProcess, []mapping, error) {
+func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, node string, hostPath func(string) (string, error)) (podProcess, error) {
 	var ctr *corev1.Container
 	for i := range spec.Containers {
 		if spec.Containers[i].Name == name {
@@ -184,7 +184,7 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 		}
 	}
 	if ctr == nil || len(ctr.Command) == 0 {
-		return podProcess{}, nil, fmt.Errorf("container %q with a command not found in the pod template", name)
+		return podProcess{}, fmt.Errorf("container %q with a command not found in the pod template", name)
 	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
@@ -195,7 +195,7 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 	for _, m := range ctr.VolumeMounts {
 		v, ok := volumes[m.Name]
 		if !ok {
-			return podProcess{}, nil, fmt.Errorf("container %s mounts unknown volume %s", name, m.Name)
+			return podProcess{}, fmt.Errorf("container %s mounts unknown volume %s", name, m.Name)
 		}
 		local := filepath.Join(root, name, m.Name)
 		var data map[string][]byte
@@ -203,7 +203,7 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 		case v.ConfigMap != nil:
 			cm, ok := r.configMaps[v.ConfigMap.Name]
 			if !ok {
-				return podProcess{}, nil, fmt.Errorf("volume %s: ConfigMap %s not in the release", m.Name, v.ConfigMap.Name)
+				return podProcess{}, fmt.Errorf("volume %s: ConfigMap %s not in the release", m.Name, v.ConfigMap.Name)
 			}
 			data = map[string][]byte{}
 			for k, s := range cm.Data {
@@ -212,24 +212,24 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 		case v.Secret != nil:
 			s, ok := r.secrets[v.Secret.SecretName]
 			if !ok {
-				return podProcess{}, nil, fmt.Errorf("volume %s: Secret %s not in the release", m.Name, v.Secret.SecretName)
+				return podProcess{}, fmt.Errorf("volume %s: Secret %s not in the release", m.Name, v.Secret.SecretName)
 			}
 			data = s.Data
 		case v.HostPath != nil:
 			var err error
 			if local, err = hostPath(v.HostPath.Path); err != nil {
-				return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+				return podProcess{}, fmt.Errorf("volume %s: %w", m.Name, err)
 			}
 		default:
-			return podProcess{}, nil, fmt.Errorf("volume %s: only ConfigMap, Secret and hostPath volumes are simulated", m.Name)
+			return podProcess{}, fmt.Errorf("volume %s: only ConfigMap, Secret and hostPath volumes are simulated", m.Name)
 		}
 		if err := os.MkdirAll(local, 0o750); err != nil {
-			return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+			return podProcess{}, fmt.Errorf("volume %s: %w", m.Name, err)
 		}
 		for k, b := range data {
 			f := filepath.Join(local, k)
 			if err := os.WriteFile(f, b, 0o600); err != nil {
-				return podProcess{}, nil, fmt.Errorf("volume %s: %w", m.Name, err)
+				return podProcess{}, fmt.Errorf("volume %s: %w", m.Name, err)
 			}
 			if v.ConfigMap != nil {
 				files = append(files, f)
@@ -241,10 +241,10 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 	for _, f := range files {
 		b, err := os.ReadFile(f) //nolint:gosec // G304: a file this function wrote
 		if err != nil {
-			return podProcess{}, nil, err
+			return podProcess{}, err
 		}
 		if err := os.WriteFile(f, []byte(rewrite(string(b))), 0o600); err != nil {
-			return podProcess{}, nil, err
+			return podProcess{}, err
 		}
 	}
 	p := podProcess{path: filepath.Join(c.State.BinDir, filepath.Base(ctr.Command[0]))}
@@ -260,10 +260,10 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
 			p.env = append(p.env, e.Name+"="+r.opts.Namespace)
 		default:
-			return podProcess{}, nil, fmt.Errorf("container %s: env %s: only values and spec.nodeName/metadata.namespace references are simulated", name, e.Name)
+			return podProcess{}, fmt.Errorf("container %s: env %s: only values and spec.nodeName/metadata.namespace references are simulated", name, e.Name)
 		}
 	}
-	return p, maps, nil
+	return p, nil
 }
 
 // pathRewriter returns a function that replaces every container path of maps (longest first, and
@@ -401,7 +401,7 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 	if err := c.serviceAccountKubeconfig(ctx, ns, spec.ServiceAccountName, kc); err != nil {
 		return err
 	}
-	ext, _, err := c.materialize(r, spec, "extender", filepath.Join(root, "scheduler"), "", noHostPath)
+	ext, err := c.materialize(r, spec, "extender", filepath.Join(root, "scheduler"), "", noHostPath)
 	if err != nil {
 		return fmt.Errorf("scheduler Deployment: %w", err)
 	}
@@ -414,7 +414,7 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 		return err
 	}
 
-	ks, _, err := c.materialize(r, spec, "kube-scheduler", filepath.Join(root, "scheduler"), "", noHostPath)
+	ks, err := c.materialize(r, spec, "kube-scheduler", filepath.Join(root, "scheduler"), "", noHostPath)
 	if err != nil {
 		return fmt.Errorf("scheduler Deployment: %w", err)
 	}
@@ -430,7 +430,7 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 	}
 
 	wspec := r.webhook.Spec.Template.Spec
-	wh, _, err := c.materialize(r, wspec, "webhook", filepath.Join(root, "webhook"), "", noHostPath)
+	wh, err := c.materialize(r, wspec, "webhook", filepath.Join(root, "webhook"), "", noHostPath)
 	if err != nil {
 		return fmt.Errorf("webhook Deployment: %w", err)
 	}
@@ -495,7 +495,7 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 		}
 		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/... and the CDI folder)", p)
 	}
-	pp, _, err := c.materialize(r, spec, "device-plugin", root, n.Name, hostPath)
+	pp, err := c.materialize(r, spec, "device-plugin", root, n.Name, hostPath)
 	if err != nil {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	certutil "k8s.io/client-go/util/cert"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // Names of the gpuslice control-plane parts the cluster runs.
@@ -32,19 +34,10 @@ const (
 	WebhookName  = "gpuslice-webhook"
 )
 
-// managedResources are the extender's resources. All four are ignored by the scheduler's own
-// resource fit: gpumem, gpumem-percentage and gpucores exist only for the extender (FIELD.md §2),
-// and hami.io/gpu is judged by the extender too, which checks the same allocatable and also says
-// why a node cannot take the pod ("plugin not ready: ...") instead of "Insufficient hami.io/gpu".
-var managedResources = []struct {
-	name    corev1.ResourceName
-	ignored bool
-}{
-	{"hami.io/gpu", true},
-	{"hami.io/gpumem", true},
-	{"hami.io/gpumem-percentage", true},
-	{"hami.io/gpucores", true},
-}
+// The extender manages every vgpu.Resources() name, all ignored by the scheduler's own resource
+// fit: gpumem, gpumem-percentage and gpucores exist only for the extender (FIELD.md §2), and
+// hami.io/gpu is judged by the extender too, which checks the same allocatable and also says why a
+// node cannot take the pod ("plugin not ready: ...") instead of "Insufficient hami.io/gpu".
 
 // schedulerConfig renders the KubeSchedulerConfiguration: the stock profile, the gpuslice profile,
 // and the extender (shared by both, as extenders are; managedResources keeps non-GPU pods away).
@@ -71,8 +64,8 @@ extenders:
   httpTimeout: 10s
   managedResources:
 `, kubeconfig, SchedulerName, extenderPort)
-	for _, r := range managedResources {
-		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: %t\n", r.name, r.ignored)
+	for _, r := range vgpu.Resources() {
+		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: true\n", r)
 	}
 	return b.String()
 }
@@ -248,4 +241,17 @@ func (c *Cluster) process(name string) *Process {
 		}
 	}
 	return nil
+}
+
+// NodeInventory reads Node name and the GPU inventory its device plugin published on it.
+func (c *Cluster) NodeInventory(ctx context.Context, name string) (*corev1.Node, vgpu.NodeInventory, error) {
+	node, err := c.Client().CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, vgpu.NodeInventory{}, fmt.Errorf("get node %s: %w", name, err)
+	}
+	inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
+	if err != nil {
+		return nil, vgpu.NodeInventory{}, fmt.Errorf("node %s inventory: %w", name, err)
+	}
+	return node, inv, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/test/fakecri"
-	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // fakeGPUs is the GPU mix of the scenarios' node: 3 GPUs, so 30 devices at the default split count.
@@ -50,13 +49,9 @@ func TestPluginRegistersAndRunsWholeGPUPod(t *testing.T) {
 	})
 	t.Logf("registered: capacity and allocatable %d, ready label, %v after the plugin started", wantDevices, time.Since(began).Round(time.Millisecond))
 
-	node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	_, inv, err := c.NodeInventory(ctx, n.Name)
 	if err != nil {
 		t.Fatal(err)
-	}
-	inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
-	if err != nil {
-		t.Fatalf("node inventory annotation: %v", err)
 	}
 	uuids := map[string]bool{}
 	for _, g := range inv.GPUs {

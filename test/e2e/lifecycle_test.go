@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,16 +30,7 @@ func runGPUPod(t *testing.T, c *cluster.Cluster, name string) *corev1.Pod {
 	if _, err := pods.Create(context.Background(), gpuPod(name, 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var pod *corev1.Pod
-	poll(t, time.Minute, "pod "+name+" Running", func(ctx context.Context) (bool, string) {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		pod = p
-		return p.Status.Phase == corev1.PodRunning, fmt.Sprintf("phase %s on %q", p.Status.Phase, p.Spec.NodeName)
-	})
-	return pod
+	return waitRunningOn(t, c, name, "")
 }
 
 // checkpointDevices returns the device IDs the kubelet's device-manager checkpoint holds for pod's
@@ -221,11 +213,12 @@ func TestContainerRestartKeepsDevices(t *testing.T) {
 	}
 }
 
-// TestNodeWithoutPluginGetsNoGPUPod is scenario 4: a Ready node whose plugin has not started has no
-// hami.io/gpu and no ready label, so a GPU pod stays Pending with a FailedScheduling event saying
-// "plugin not ready" (the extender's barrier); once the plugin registers, the pod is bound there
-// and runs. Real: every Kubernetes component and gpuslice's binaries. Fake: NVML and the container
-// runtime.
+// TestNodeWithoutPluginGetsNoGPUPod is scenario 4 (and proof 3 of the scheduling issue): a Ready
+// node whose plugin has not started has no hami.io/gpu and no ready label, so a GPU pod stays
+// Pending with a FailedScheduling event saying "plugin not ready" (the extender's barrier); once
+// the plugin registers, the pod is bound there and runs. After a plugin crash (allocatable 0) no
+// new pod is bound there. Real: every Kubernetes component and gpuslice's binaries. Fake: NVML and
+// the container runtime.
 func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: fakeGPUs, NoPlugin: true})
 	n := c.Nodes[0]
@@ -241,43 +234,46 @@ func TestNodeWithoutPluginGetsNoGPUPod(t *testing.T) {
 	if _, err := pods.Create(ctx, gpuPod("waiter", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 30*time.Second, "FailedScheduling event saying plugin not ready", func(ctx context.Context) (bool, string) {
-		events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=waiter"})
-		if err != nil {
-			return false, err.Error()
-		}
-		var seen []string
-		for _, e := range events.Items {
-			seen = append(seen, e.Reason+": "+e.Message)
-			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "plugin not ready") {
-				return true, ""
-			}
-		}
-		return false, strings.Join(seen, "; ")
-	})
-	p, err := pods.Get(ctx, "waiter", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
-		t.Fatalf("pod bound to %q in phase %s before the plugin registered; want Pending and unbound", p.Spec.NodeName, p.Status.Phase)
-	}
+	waitPendingWith(t, c, "waiter", "plugin not ready")
 
 	if err := n.StartPlugin(); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, time.Minute, "pod bound to node-1 and Running once the plugin registered", func(ctx context.Context) (bool, string) {
-		p, err := pods.Get(ctx, "waiter", metav1.GetOptions{})
+	running := waitRunningOn(t, c, "waiter", n.Name)
+	// Whether kube-scheduler retried on its own or the extender had to ask (it saw the plugin
+	// turn ready after kube-scheduler's own retry had been turned away).
+	t.Logf("%s: %q", extender.AnnotationRetry, running.Annotations[extender.AnnotationRetry])
+
+	if err := n.KillPlugin(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "allocatable hami.io/gpu 0 after the plugin crash", func(ctx context.Context) (bool, string) {
+		_, alloc, _, err := gpuCounts(ctx, c, n.Name)
 		if err != nil {
 			return false, err.Error()
 		}
-		return p.Spec.NodeName == n.Name && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
+		return alloc == 0, fmt.Sprintf("allocatable %d", alloc)
 	})
-	// Whether kube-scheduler retried on its own or the extender had to ask (it saw the plugin
-	// turn ready after kube-scheduler's own retry had been turned away).
-	if p, err := pods.Get(ctx, "waiter", metav1.GetOptions{}); err == nil {
-		t.Logf("%s: %q", extender.AnnotationRetry, p.Annotations[extender.AnnotationRetry])
+	if _, err := pods.Create(ctx, slicePod("late", 8192, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
+	waitPendingWith(t, c, "late", "plugin not ready")
+}
+
+// waitRunningOn waits up to a minute for pod name (default namespace) to be bound to node (any
+// node when "") and Running, and returns it.
+func waitRunningOn(t *testing.T, c *cluster.Cluster, name, node string) *corev1.Pod {
+	t.Helper()
+	var last *corev1.Pod
+	poll(t, time.Minute, name+" Running on "+cmp.Or(node, "any node"), func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		last = p
+		return (node == "" || p.Spec.NodeName == node) && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
+	})
+	return last
 }
 
 // TestHeartbeatBackRetriesPod proves the extender's retry request with the real kube-scheduler. The
@@ -313,34 +309,11 @@ func TestHeartbeatBackRetriesPod(t *testing.T) {
 	if _, err := pods.Create(ctx, gpuPod("frozen", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 30*time.Second, "FailedScheduling event saying the heartbeat is stale", func(ctx context.Context) (bool, string) {
-		events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=frozen"})
-		if err != nil {
-			return false, err.Error()
-		}
-		var seen []string
-		for _, e := range events.Items {
-			seen = append(seen, e.Reason+": "+e.Message)
-			if e.Reason == "FailedScheduling" && strings.Contains(e.Message, "heartbeat Lease not renewed") {
-				return true, ""
-			}
-		}
-		return false, strings.Join(seen, "; ")
-	})
+	waitPendingWith(t, c, "frozen", "heartbeat Lease not renewed")
 
 	n.ResumePlugin()
 	resumed := time.Now()
-	poll(t, time.Minute, "pod bound to node-1 and Running once the heartbeat is back", func(ctx context.Context) (bool, string) {
-		p, err := pods.Get(ctx, "frozen", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Spec.NodeName == n.Name && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("node %q, phase %s", p.Spec.NodeName, p.Status.Phase)
-	})
-	p, err := pods.Get(ctx, "frozen", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := waitRunningOn(t, c, "frozen", n.Name)
 	if p.Annotations[extender.AnnotationRetry] == "" {
 		t.Errorf("pod Running without %s: kube-scheduler retried on some other event", extender.AnnotationRetry)
 	}

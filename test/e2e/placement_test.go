@@ -73,11 +73,7 @@ func TestPlacementShapes(t *testing.T) {
 	for _, b := range append(checkExact(t, c, out.running), checkCapacity(t, c, out.running)...) {
 		t.Error(b)
 	}
-	node, err := c.Client().CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
+	_, inv, err := c.NodeInventory(ctx, "node-1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,6 +102,27 @@ func failedScheduling(ctx context.Context, c *cluster.Cluster) (map[types.UID]st
 	return out, nil
 }
 
+// waitPendingWith waits up to 30 s for the unbound pod name (default namespace) to have a
+// FailedScheduling event containing want; it fails t at once if the pod gets bound.
+func waitPendingWith(t *testing.T, c *cluster.Cluster, name, want string) {
+	t.Helper()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	poll(t, 30*time.Second, name+" Pending with "+strconv.Quote(want), func(ctx context.Context) (bool, string) {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Spec.NodeName != "" {
+			t.Fatalf("%s bound to %s; want Pending", name, p.Spec.NodeName)
+		}
+		failed, err := failedScheduling(ctx, c)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(failed[p.UID], want), failed[p.UID]
+	})
+}
+
 // latestRecords returns, per pod UID and container, the latest CreateContainer record of every node.
 func latestRecords(t *testing.T, c *cluster.Cluster) map[string]fakecri.Record {
 	t.Helper()
@@ -146,25 +168,21 @@ func checkExact(t *testing.T, c *cluster.Cluster, running []corev1.Pod) []string
 
 // envMismatches compares env with what container ca of pod p must see.
 func envMismatches(p corev1.Pod, ca vgpu.ContainerAllocation, env map[string]string) []string {
+	uuids := make([]string, len(ca.GPUs))
+	for i, s := range ca.GPUs {
+		uuids[i] = s.UUID
+	}
 	want := map[string]string{
 		"GPUSLICE_POD_UID":       string(p.UID),
 		"GPUSLICE_POD":           p.Namespace + "/" + p.Name,
 		"GPUSLICE_CONTAINER":     ca.Name,
-		"NVIDIA_VISIBLE_DEVICES": "",
+		"NVIDIA_VISIBLE_DEVICES": strings.Join(uuids, ","),
 	}
-	uuids := make([]string, len(ca.GPUs))
 	for i, s := range ca.GPUs {
-		uuids[i] = s.UUID
 		want["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(i)] = strconv.FormatInt(s.MemoryMiB, 10) + "m"
 	}
-	want["NVIDIA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
 	var bad []string
-	keys := make([]string, 0, len(want))
-	for k := range want {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(want)) {
 		if env[k] != want[k] {
 			bad = append(bad, fmt.Sprintf("%s/%s: %s=%q, want %q", p.Name, ca.Name, k, env[k], want[k]))
 		}
@@ -204,13 +222,9 @@ func checkCapacity(t *testing.T, c *cluster.Cluster, pods []corev1.Pod) []string
 	}
 	var bad []string
 	for _, n := range c.Nodes {
-		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		_, inv, err := c.NodeInventory(ctx, n.Name)
 		if err != nil {
 			t.Fatal(err)
-		}
-		inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
-		if err != nil {
-			t.Fatalf("node %s inventory: %v", n.Name, err)
 		}
 		for _, g := range inv.GPUs {
 			u := used[g.UUID]

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
 )
@@ -119,62 +118,6 @@ func TestBurstRatio(t *testing.T) {
 	plain := burst("plain", "node-plain", false)
 	shared := burst("gpu", "node-gpu", true)
 	t.Logf("40-pod burst to Running: without GPUs %v, with GPU slices %v: ratio %.2f", plain.Round(time.Millisecond), shared.Round(time.Millisecond), shared.Seconds()/plain.Seconds())
-}
-
-// TestPluginNotReady is proof 3: a Ready node whose plugin is not registered gets no pod, with
-// "plugin not ready" in the pod's events, until the plugin registers; after a plugin crash
-// (allocatable 0) no new pod is bound there.
-func TestPluginNotReady(t *testing.T) {
-	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "2xA100-80GB", NoPlugin: true})
-	n := c.Nodes[0]
-	ctx := context.Background()
-	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
-	waitPendingWith := func(name, want string) {
-		t.Helper()
-		poll(t, 30*time.Second, name+" Pending with "+strconv.Quote(want), func(ctx context.Context) (bool, string) {
-			p, err := pods.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			if p.Spec.NodeName != "" {
-				t.Fatalf("%s bound to %s; want Pending", name, p.Spec.NodeName)
-			}
-			failed, err := failedScheduling(ctx, c)
-			if err != nil {
-				return false, err.Error()
-			}
-			return strings.Contains(failed[p.UID], want), failed[p.UID]
-		})
-	}
-	if _, err := pods.Create(ctx, slicePod("early", 8192, 0), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitPendingWith("early", "plugin not ready")
-	if err := n.StartPlugin(); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, time.Minute, "early Running on node-1", func(ctx context.Context) (bool, string) {
-		p, err := pods.Get(ctx, "early", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == n.Name, string(p.Status.Phase)
-	})
-
-	if err := n.KillPlugin(); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, 30*time.Second, "allocatable hami.io/gpu 0 after the plugin crash", func(ctx context.Context) (bool, string) {
-		_, alloc, _, err := gpuCounts(ctx, c, n.Name)
-		if err != nil {
-			return false, err.Error()
-		}
-		return alloc == 0, fmt.Sprintf("allocatable %d", alloc)
-	})
-	if _, err := pods.Create(ctx, slicePod("late", 8192, 0), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitPendingWith("late", "plugin not ready")
 }
 
 // logPhases logs, over pods, the slowest time from creation to binding (condition PodScheduled)

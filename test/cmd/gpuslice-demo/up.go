@@ -85,25 +85,12 @@ func up(ctx context.Context, out io.Writer, dir, binDir string) error {
 	return nil
 }
 
-// nodeInventory reads a Node and the GPU inventory its device plugin published.
-func nodeInventory(ctx context.Context, c *cluster.Cluster, name string) (*corev1.Node, vgpu.NodeInventory, error) {
-	node, err := c.Client().CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, vgpu.NodeInventory{}, fmt.Errorf("get node %s: %w", name, err)
-	}
-	inv, err := vgpu.ParseNodeInventory(node.Annotations[vgpu.AnnotationNodeInventory])
-	if err != nil {
-		return nil, vgpu.NodeInventory{}, fmt.Errorf("node %s inventory: %w", name, err)
-	}
-	return node, inv, nil
-}
-
 // printNodes prints each node's GPUs and hami.io/gpu capacity.
 func printNodes(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tGPUS\thami.io/gpu CAPACITY\tALLOCATABLE\tREADY LABEL")
 	for _, n := range c.Nodes {
-		node, inv, err := nodeInventory(ctx, c, n.Name)
+		node, inv, err := c.NodeInventory(ctx, n.Name)
 		if err != nil {
 			return err
 		}
@@ -189,7 +176,7 @@ func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	var gpus []vgpu.GPU
 	gpuNode := map[string]string{}
 	for _, n := range c.Nodes {
-		_, inv, err := nodeInventory(ctx, c, n.Name)
+		_, inv, err := c.NodeInventory(ctx, n.Name)
 		if err != nil {
 			return err
 		}
