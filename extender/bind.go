@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -131,7 +132,7 @@ func (s *Scheduler) reserve(node string, pod *corev1.Pod, d *demand) (*podEntry,
 	}
 	st.removeLocked(st.pods[d.uid]) // a stale count of this pod
 	e := &podEntry{
-		uid: d.uid, namespace: pod.Namespace, name: pod.Name, node: node,
+		uid: d.uid, node: node,
 		raw: raw, alloc: v.placement.Allocation, req: d.pod.Request, reserved: true,
 	}
 	st.addLocked(e)
@@ -222,7 +223,7 @@ type patchOp struct {
 
 // annotationPath is the JSON pointer (RFC 6901) of the allocation
 // annotation: "~" and "/" in the key are escaped.
-const annotationPath = "/metadata/annotations/hami.io~1gpu-allocation"
+var annotationPath = "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(vgpu.AnnotationPodAllocation)
 
 // preconditions tests pod's UID and, when it has one, resourceVersion.
 func preconditions(pod *corev1.Pod) []patchOp {

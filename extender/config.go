@@ -2,7 +2,6 @@ package extender
 
 import (
 	"errors"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,11 +121,7 @@ func (c Config) Validate() error {
 	if c.ClientCAFile != "" && c.TLSCertFile == "" {
 		errs = append(errs, vgpu.InvalidField("clientCAFile", c.ClientCAFile, "needs tlsCertFile and tlsKeyFile: client certificates are checked over HTTPS only"))
 	}
-	policies := make([]string, 0, len(vgpu.Policies()))
-	for _, p := range vgpu.Policies() {
-		policies = append(policies, string(p))
-	}
-	allowedPolicy := "must be one of " + strings.Join(policies, ", ")
+	allowedPolicy := "must be one of " + vgpu.PolicyList()
 	if p, err := vgpu.ParsePolicy(string(c.NodePolicy)); err != nil || p == "" {
 		errs = append(errs, vgpu.InvalidField("nodePolicy", string(c.NodePolicy), allowedPolicy))
 	}

@@ -65,7 +65,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		return result, nil
 	}
 	verdicts := make([]verdict, len(names))
-	seen := s.retries.seen()
+	seen := s.state.retries.seen()
 	if d.wantsGPU() {
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
 	} else {
@@ -95,9 +95,9 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// A pod that passed some node is placed there (kube-scheduler sends
 	// only nodes its own filters passed); one that passed none waits.
 	if len(passed) == 0 && len(counts) > 0 {
-		s.retries.rejected(args.Pod, seen)
+		s.state.retries.rejected(args.Pod, seen)
 	} else {
-		s.retries.forget(args.Pod.UID)
+		s.state.retries.forget(args.Pod.UID)
 	}
 	if args.NodeNames != nil {
 		result.NodeNames = &passed

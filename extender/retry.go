@@ -188,7 +188,7 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.retries.wake:
+		case <-s.state.retries.wake:
 		case <-later.C:
 		}
 		pause := time.NewTimer(retryDelay)
@@ -198,7 +198,7 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 			return
 		case <-pause.C:
 		}
-		at, pods, again := s.retries.due(s.clock.Now())
+		at, pods, again := s.state.retries.due(s.clock.Now())
 		if again > 0 {
 			later.Reset(again)
 		}
@@ -212,11 +212,11 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 				// Gone, or replaced by a pod of the same name (a Filter
 				// that ran while the informer saw it go can have
 				// recorded it again).
-				s.retries.forget(p.uid)
+				s.state.retries.forget(p.uid)
 			case ctx.Err() != nil:
 				return
 			default:
-				s.retries.failed(p)
+				s.state.retries.failed(p)
 				logger.Info("Could not ask kube-scheduler to retry a pod; trying again in the next pass", "pod", klog.KRef(p.namespace, p.name), "err", err.Error())
 			}
 		}

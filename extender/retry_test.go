@@ -155,7 +155,7 @@ func TestRetryAfterChange(t *testing.T) {
 	if v := e.filter(late, "n1"); len(*v.NodeNames) != 0 {
 		t.Fatalf("late passed n1 with 4096 MiB free: %+v", v)
 	}
-	if _, pods, _ := e.s.retries.due(e.clock.Now()); len(pods) != 0 {
+	if _, pods, _ := e.s.state.retries.due(e.clock.Now()); len(pods) != 0 {
 		t.Errorf("due before running was deleted: %+v", pods)
 	}
 	if err := e.client.CoreV1().Pods(running.Namespace).Delete(ctx, running.Name, metav1.DeleteOptions{}); err != nil {
@@ -184,7 +184,7 @@ func TestRetryAfterChange(t *testing.T) {
 	after := slicePod("after", 1024)
 	e.createPod(after)
 	e.filter(after, "missing-node")
-	if _, pods, _ := e.s.retries.due(e.clock.Now()); len(pods) != 0 {
+	if _, pods, _ := e.s.state.retries.due(e.clock.Now()); len(pods) != 0 {
 		t.Errorf("due after the last change: %+v", pods)
 	}
 	if got := metricstest.Scrape(t, nil, e.srv.URL+"/metrics")[MetricRetries]; got != 3 {

@@ -51,7 +51,6 @@ type Scheduler struct {
 	state      *clusterState
 	bindLocks  keyedMutex
 	rejections rejectionCounts
-	retries    *retries
 	metrics    *metrics
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
@@ -79,10 +78,8 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		fitOptions: vgpu.FitOptions{
 			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
 		},
-		state:   newClusterState(corev1.ResourceName(cfg.ResourceName)),
-		retries: newRetries(),
+		state: newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration),
 	}
-	s.state.retries, s.state.now, s.state.heartbeatMaxAge = s.retries, s.clock.Now, cfg.HeartbeatMaxAge.Duration
 	m, err := newMetrics(s, opts.Registry)
 	if err != nil {
 		return nil, err

@@ -35,8 +35,8 @@ type clusterState struct {
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
 
-	// retries, when set, hears of every change that may let a pod Filter
-	// turned away fit now, timed by now; heartbeatMaxAge tells a Lease
+	// retries hears of every change that may let a pod Filter turned away
+	// fit now, timed by now; heartbeatMaxAge tells a Lease
 	// renewed after a gap that made it stale.
 	retries         *retries
 	now             func() time.Time
@@ -45,8 +45,7 @@ type clusterState struct {
 
 // nodeState is one node as the extender sees it.
 type nodeState struct {
-	name string
-	// leaseName is vgpu.HeartbeatLeaseName(name), computed once.
+	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed once.
 	leaseName string
 	// known is true while the Node object exists.
 	known bool
@@ -69,10 +68,8 @@ type nodeState struct {
 
 // podEntry is one pod counted in a node's usage.
 type podEntry struct {
-	uid       types.UID
-	namespace string
-	name      string
-	node      string
+	uid  types.UID
+	node string
 	// raw is the allocation annotation value alloc was parsed from.
 	raw   string
 	alloc vgpu.PodAllocation
@@ -92,12 +89,17 @@ type leaseState struct {
 	heartbeatErr error
 }
 
-func newClusterState(resourceName corev1.ResourceName) *clusterState {
+// newClusterState returns an empty state judging allocatable resourceName,
+// timing changes by now and heartbeat gaps against heartbeatMaxAge.
+func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration) *clusterState {
 	return &clusterState{
-		resourceName: resourceName,
-		nodes:        map[string]*nodeState{},
-		pods:         map[types.UID]*podEntry{},
-		leases:       map[string]*leaseState{},
+		resourceName:    resourceName,
+		nodes:           map[string]*nodeState{},
+		pods:            map[types.UID]*podEntry{},
+		leases:          map[string]*leaseState{},
+		retries:         newRetries(),
+		now:             now,
+		heartbeatMaxAge: heartbeatMaxAge,
 	}
 }
 
@@ -106,7 +108,7 @@ func newClusterState(resourceName corev1.ResourceName) *clusterState {
 func (st *clusterState) nodeLocked(name string) *nodeState {
 	n := st.nodes[name]
 	if n == nil {
-		n = &nodeState{name: name, leaseName: vgpu.HeartbeatLeaseName(name)}
+		n = &nodeState{leaseName: vgpu.HeartbeatLeaseName(name)}
 		st.nodes[name] = n
 	}
 	return n
@@ -146,9 +148,7 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 // changedLocked tells retries of a change that may let a pod fit where it
 // did not. Callers hold the write lock.
 func (st *clusterState) changedLocked() {
-	if st.retries != nil {
-		st.retries.changed(st.now())
-	}
+	st.retries.changed(st.now())
 }
 
 // deleteNode records a Node deleted. Its usage stays until its pods go.
@@ -188,8 +188,8 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	// enough for Filter to have judged the heartbeat stale: between the
 	// two renewals, or (clocks differ, watches lag) by the extender's own
 	// clock, which Filter uses.
-	if st.retries != nil && (raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
-		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge)) {
+	if raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
+		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge) {
 		st.changedLocked()
 	}
 	if raw != l.raw {
@@ -220,7 +220,7 @@ func (st *clusterState) upsertPod(pod *corev1.Pod) error {
 	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
-	if st.retries != nil && (terminal || node != "") {
+	if terminal || node != "" {
 		st.retries.forget(pod.UID)
 	}
 	if st.podUnchanged(pod.UID, terminal || node == "" || !hasAlloc, node, raw) {
@@ -259,7 +259,7 @@ func (st *clusterState) upsertPod(pod *corev1.Pod) error {
 	// vgpu rejects counts with the safe zero request (see NodeUsage.Add).
 	req, _ := vgpu.RequestFromPod(pod)
 	st.addLocked(&podEntry{
-		uid: pod.UID, namespace: pod.Namespace, name: pod.Name,
+		uid:  pod.UID,
 		node: node, raw: raw, alloc: alloc, req: req,
 	})
 	return nil
@@ -284,9 +284,7 @@ func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw 
 // deletePod records a pod deleted: whatever it held, bound or reserved, is
 // free again.
 func (st *clusterState) deletePod(uid types.UID) {
-	if st.retries != nil {
-		st.retries.forget(uid)
-	}
+	st.retries.forget(uid)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.removeLocked(st.pods[uid])

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -58,7 +59,7 @@ func TestUpsertPod(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := newClusterState(vgpu.ResourceGPU)
+			st := testState()
 			if tt.reserved {
 				st.mu.Lock()
 				st.addLocked(&podEntry{uid: unbound.UID, node: "n1", raw: raw, alloc: alloc, req: base.PodRequest(), reserved: true})
@@ -92,7 +93,7 @@ func TestUpsertPod(t *testing.T) {
 func TestRelease(t *testing.T) {
 	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 0).Obj()
 	raw, _ := vgpu.EncodePodAllocation(alloc)
-	st := newClusterState(vgpu.ResourceGPU)
+	st := testState()
 	e := &podEntry{uid: "u", node: "n1", raw: raw, alloc: alloc, reserved: true}
 	st.mu.Lock()
 	st.addLocked(e)
@@ -190,7 +191,7 @@ func TestTrim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, small := newClusterState(vgpu.ResourceGPU), newClusterState(vgpu.ResourceGPU)
+	full, small := testState(), testState()
 	full.upsertNode(node)
 	small.upsertNode(obj.(*corev1.Node))
 	f, sm := full.nodes["n1"], small.nodes["n1"]
@@ -211,7 +212,7 @@ func TestTrim(t *testing.T) {
 // TestUpsertLeaseIgnoresOtherLeases checks that only heartbeat Leases are
 // kept: the kubelets' node Leases share the default namespace.
 func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
-	st := newClusterState(vgpu.ResourceGPU)
+	st := testState()
 	kubelet := vgputest.HeartbeatLease("n1", now).Obj()
 	kubelet.Name = "n1"
 	st.upsertLease(kubelet)
@@ -225,4 +226,9 @@ func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("leases kept (-want +got):\n%s", diff)
 	}
+}
+
+// testState is an empty state as New makes it, on the fixed test time.
+func testState() *clusterState {
+	return newClusterState(vgpu.ResourceGPU, func() time.Time { return now }, DefaultHeartbeatMaxAge)
 }

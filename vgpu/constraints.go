@@ -42,10 +42,11 @@ func ParsePolicy(s string) (Policy, error) {
 	if s == "" {
 		return "", nil
 	}
-	return "", fmt.Errorf("%w: %q: must be one of %s", ErrMalformed, s, policyList())
+	return "", fmt.Errorf("%w: %q: must be one of %s", ErrMalformed, s, PolicyList())
 }
 
-func policyList() string {
+// PolicyList is Policies joined with ", ", for messages.
+func PolicyList() string {
 	names := make([]string, 0, len(Policies()))
 	for _, p := range Policies() {
 		names = append(names, string(p))
@@ -134,7 +135,7 @@ func ParseConstraints(annotations map[string]string) (Constraints, error) {
 		v := annotations[k.key]
 		p, err := ParsePolicy(v)
 		if err != nil {
-			errs = append(errs, &AnnotationError{Key: k.key, Value: v, Allowed: "must be one of " + policyList()})
+			errs = append(errs, &AnnotationError{Key: k.key, Value: v, Allowed: "must be one of " + PolicyList()})
 		}
 		*k.dst = p
 	}
