@@ -87,7 +87,7 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	if !d.wantsGPU() {
 		return "", s.postBinding(ctx, pod, args.Node)
 	}
-	entry, err := s.reserve(args.Node, pod, &d)
+	entry, err := s.reserve(args.Node, &d)
 	if err != nil {
 		return "", err
 	}
@@ -108,7 +108,7 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 // node's bind lock throughout, so binds to one node reserve one at a time;
 // the fit itself runs under the state's read lock and is repeated under
 // the write lock only if the node's usage changed in between.
-func (s *Scheduler) reserve(node string, pod *corev1.Pod, d *demand) (*podEntry, error) {
+func (s *Scheduler) reserve(node string, d *demand) (*podEntry, error) {
 	unlock := s.bindLocks.lock(node)
 	defer unlock()
 	st := s.state
