@@ -56,6 +56,9 @@ const (
 type demand struct {
 	uid types.UID
 	pod vgpu.PodDemand
+	// scored asks for the figures vgpu.Score needs (Prioritize); Filter
+	// and Bind need only the fit.
+	scored bool
 }
 
 // wantsGPU reports whether the pod asks for any GPU; pods that do not fit
@@ -110,7 +113,9 @@ func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdic
 		usage = n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
 	}
-	p, err := vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, s.fitOptions)
+	opts := s.fitOptions
+	opts.Unscored = !d.scored
+	p, err := vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, opts)
 	if err != nil {
 		var fe *vgpu.FitError
 		if !errors.As(err, &fe) {

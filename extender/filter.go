@@ -131,6 +131,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	if err != nil || !d.wantsGPU() {
 		return list, nil
 	}
+	d.scored = true
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
 			list[i].Score = scaleScore(vgpu.Score(v.placement).Value)

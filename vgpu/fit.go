@@ -82,7 +82,9 @@ func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
 	s.workload, s.hostFree, s.podHost = opts.Workload, node.HostFree, pod.Host
 	p.HealthyGPUs = s.healthy
 	if len(req.Containers) == 0 {
-		s.measure(&p)
+		if !opts.Unscored {
+			s.measure(&p)
+		}
 		return p, nil
 	}
 	var chosenBuf [8][]int
@@ -120,7 +122,9 @@ func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
 		}
 		p.Allocation.Containers[ci] = ca
 	}
-	s.measure(&p)
+	if !opts.Unscored {
+		s.measure(&p)
+	}
 	return p, nil
 }
 

@@ -238,3 +238,29 @@ func TestFit(t *testing.T) {
 		})
 	}
 }
+
+// TestFitUnscored checks FitOptions.Unscored: the same allocation, with the
+// figures only Score reads left zero.
+func TestFitUnscored(t *testing.T) {
+	inv := vgputest.Node("n1").GPU("GPU-0", 81920).GPU("GPU-1", 81920).Obj()
+	usage := vgputest.Usage(vgputest.Allocation("n1").Slice("GPU-0", 20480, 30).Obj())
+	req := vgputest.Pod("p").MemoryMiB(10240).Cores(20).PodRequest()
+	for _, policy := range vgpu.Policies() {
+		opts := vgpu.FitOptions{NodePolicy: policy, GPUPolicy: policy}
+		scored, err := vgpu.Fit(vgpu.PodDemand{Request: req}, vgpu.NodeState{Inventory: inv, Usage: usage}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Unscored = true
+		unscored, err := vgpu.Fit(vgpu.PodDemand{Request: req}, vgpu.NodeState{Inventory: inv, Usage: usage}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(scored.Allocation, unscored.Allocation); diff != "" {
+			t.Errorf("%s: allocation differs (-scored +unscored):\n%s", policy, diff)
+		}
+		if scored.UsedAfter == 0 || unscored.UsedBefore != 0 || unscored.UsedAfter != 0 || unscored.FragmentationBefore != 0 || unscored.FragmentationAfter != 0 {
+			t.Errorf("%s: scored used after %v; unscored figures %+v, want all zero", policy, scored.UsedAfter, unscored)
+		}
+	}
+}

@@ -47,6 +47,10 @@ type FitOptions struct {
 	// DefaultWorkload, built anew by each call that needs it, so schedulers
 	// pass one. Fit only reads it.
 	Workload *Workload
+	// Unscored leaves the Placement's Used and Fragmentation figures, which
+	// only Score reads, zero: for callers that need only whether and where
+	// the pod fits (a filter, a bind), it saves measuring the node twice.
+	Unscored bool
 }
 
 // Placement is a pod's place on one node, as Fit found it, with what Score
