@@ -203,10 +203,8 @@ func (h *handler) review(req *admissionv1.AdmissionRequest) (*admissionv1.Admiss
 	if pod.Namespace == "" {
 		return denied(resp, http.StatusBadRequest, "request.namespace: empty: a pod must be created in a namespace"), ReasonMalformedPod
 	}
-	res, err := Mutate(pod, h.cfg)
+	res := mutate(pod, h.cfg) // h.cfg passed Validate in NewHandler
 	switch {
-	case err != nil: // Not expected: the pod is set and the Config valid.
-		return denied(resp, http.StatusInternalServerError, "gpuslice webhook: "+err.Error()), ReasonInternalError
 	case !res.Allowed:
 		if _, forged := pod.Annotations[vgpu.AnnotationPodAllocation]; forged {
 			return denied(resp, http.StatusForbidden, res.Message), ReasonForgedAllocation

@@ -69,8 +69,14 @@ func Mutate(pod *corev1.Pod, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, fmt.Errorf("webhook: Mutate: %w", err)
 	}
+	return mutate(pod, cfg), nil
+}
+
+// mutate is Mutate for a non-nil pod and a cfg that passed Validate, as the
+// handler has them (it validated cfg once, when it was made).
+func mutate(pod *corev1.Pod, cfg Config) Result {
 	if cfg.excluded(pod.Namespace) {
-		return Result{Allowed: true, Skipped: true}, nil
+		return Result{Allowed: true, Skipped: true}
 	}
 	var problems []error
 	if v, ok := pod.Annotations[vgpu.AnnotationPodAllocation]; ok {
@@ -79,9 +85,9 @@ func Mutate(pod *corev1.Pod, cfg Config) (Result, error) {
 	}
 	if !asksForGPU(pod) {
 		if len(problems) > 0 {
-			return deny(problems), nil
+			return deny(problems)
 		}
-		return Result{Allowed: true, Skipped: true}, nil
+		return Result{Allowed: true, Skipped: true}
 	}
 	if _, err := vgpu.ConstraintsFromPod(pod); err != nil {
 		problems = append(problems, flatten(err)...)
@@ -101,9 +107,9 @@ func Mutate(pod *corev1.Pod, cfg Config) (Result, error) {
 		problems = append(problems, flatten(err)...)
 	}
 	if len(problems) > 0 {
-		return deny(problems), nil
+		return deny(problems)
 	}
-	return Result{Patch: ops, Allowed: true}, nil
+	return Result{Patch: ops, Allowed: true}
 }
 
 // deny returns the denial that lists problems in order.
@@ -153,17 +159,21 @@ func allContainers(pod *corev1.Pod) []corev1.Container {
 	return slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers)
 }
 
+// unknownResourceRule is the rule unknownResources reports.
+var unknownResourceRule = func() string {
+	names := make([]string, 0, len(vgpu.Resources()))
+	for _, r := range vgpu.Resources() {
+		names = append(names, string(r))
+	}
+	return "unknown gpuslice resource: must be one of " + strings.Join(names, ", ")
+}()
+
 // unknownResources returns one *vgpu.RequestError per container and
 // hami.io/* resource name that vgpu.Resources does not list (a typo such as
 // hami.io/gpumemory would otherwise leave the pod Pending for ever), in
 // container order then name order.
 func unknownResources(pod *corev1.Pod) []error {
 	known := vgpu.Resources()
-	names := make([]string, 0, len(known))
-	for _, r := range known {
-		names = append(names, string(r))
-	}
-	allowed := "unknown gpuslice resource: must be one of " + strings.Join(names, ", ")
 	var errs []error
 	check := func(c corev1.Container, init bool) {
 		seen := map[corev1.ResourceName]resource.Quantity{}
@@ -176,7 +186,7 @@ func unknownResources(pod *corev1.Pod) []error {
 		}
 		for _, name := range slices.Sorted(maps.Keys(seen)) {
 			q := seen[name]
-			errs = append(errs, &vgpu.RequestError{Container: c.Name, Init: init, Resource: string(name), Value: q.String(), Allowed: allowed})
+			errs = append(errs, &vgpu.RequestError{Container: c.Name, Init: init, Resource: string(name), Value: q.String(), Allowed: unknownResourceRule})
 		}
 	}
 	for _, c := range pod.Spec.InitContainers {
