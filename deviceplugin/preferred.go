@@ -59,7 +59,8 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 	}
 	for {
 		changed := a.pods.Changed()
-		pods, err := a.lister.List(ctx)
+		// Bounded by PreferWait too: the kubelet admits one pod at a time.
+		pods, err := a.lister.List(waitCtx)
 		if err != nil {
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
@@ -157,7 +158,7 @@ func (a *allocator) pendingContainers(held map[containerRef][]string) []pendingC
 func isSidecar(pod *corev1.Pod, name string) bool {
 	for _, c := range pod.Spec.InitContainers {
 		if c.Name == name {
-			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+			return vgpu.IsSidecar(&c)
 		}
 	}
 	return false

@@ -69,6 +69,12 @@ func (e *RequestError) Error() string {
 	return fmt.Sprintf("%s %q: %s=%s: %s", kind, e.Container, e.Resource, e.Value, e.Allowed)
 }
 
+// IsSidecar reports whether init container c is a sidecar: restartPolicy
+// Always, so it runs beside the app containers instead of before them.
+func IsSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
 // RequestFromPod reads what each container and init container of pod asks
 // for. It reads limits, or requests where limits lack the resource; when both
 // have it they must be equal. Rules:
@@ -100,8 +106,7 @@ func RequestFromPod(pod *corev1.Pod) (PodRequest, error) {
 		}
 	}
 	for _, c := range pod.Spec.InitContainers {
-		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		add(containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: sidecar}, c.Resources))
+		add(containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: IsSidecar(&c)}, c.Resources))
 	}
 	for _, c := range pod.Spec.Containers {
 		add(containerRequest(ContainerRequest{Name: c.Name}, c.Resources))

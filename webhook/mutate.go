@@ -206,7 +206,7 @@ func unknownResources(pod *corev1.Pod) []error {
 func regularInitContainers(pod *corev1.Pod) []error {
 	var errs []error
 	for _, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if vgpu.IsSidecar(&c) {
 			continue
 		}
 		name, q, ok := firstResource(c.Resources)
