@@ -50,9 +50,14 @@ func TestEnvMode(t *testing.T) {
 		wantEvent string
 	}{
 		{
-			name:  "offered, allocated and started for the same container",
-			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000)}, prefer: true,
-			ids: []string{DeviceID(gpuB, 0)}, holder: "a", wantEnv: wantEnv("a", gpuB, "3000"),
+			// Both pods want gpuB; without the offer Allocate would take the
+			// older one, a. The kubelet is admitting b (PodResources lists
+			// it), so GetPreferredAllocation offers b's container.
+			name: "offered, allocated and started for the same container",
+			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("b", time.Second, gpuB, 6000),
+				func(f *handoffFixture) { f.podRes.admit("default", "b") }},
+			prefer: true,
+			ids:    []string{DeviceID(gpuB, 0)}, holder: "b", wantEnv: wantEnv("b", gpuB, "6000"),
 		},
 		{
 			name:  "no offer: the pending container on those GPUs",

@@ -161,7 +161,11 @@ func TestPreStartWaitsForTheView(t *testing.T) {
 	id := DeviceID(gpuA, 5)
 	f.podRes.hold("default", "late", "main", id)
 	done := make(chan error, 1)
+	before := f.podRes.callCount()
 	go func() { done <- f.preStart(id) }()
+	// PreStart has found the owner through PodResources and now waits for
+	// the view.
+	waitUntil(t, "PreStartContainer asked PodResources", func() bool { return f.podRes.callCount() > before })
 	f.addPod(gpuPod("late", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 512, 0)), "main"))
 	if err := <-done; err != nil {
 		t.Fatal(err)
