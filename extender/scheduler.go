@@ -93,6 +93,17 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 // answers 503.
 func (s *Scheduler) Ready() bool { return s.synced.Load() }
 
+// errNotSynced is what /readyz says before the informers synced.
+var errNotSynced = errors.New("informer caches not synced")
+
+// readyErr is Ready as the probe routes take it.
+func (s *Scheduler) readyErr() error {
+	if !s.Ready() {
+		return errNotSynced
+	}
+	return nil
+}
+
 // NodeUsage returns a copy of what the counted pods (bound, and reserved by
 // a Bind in progress) hold on node; empty for an unknown node.
 func (s *Scheduler) NodeUsage(node string) *vgpu.NodeUsage { return s.state.usageOf(node) }

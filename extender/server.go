@@ -12,6 +12,8 @@ import (
 	"os"
 
 	"github.com/gorilla/mux"
+
+	"github.com/gpuslice/gpuslice/internal/probe"
 )
 
 // Handler returns the extender's HTTP API: POST /filter, /prioritize and
@@ -43,25 +45,15 @@ func (s *Scheduler) healthHandler() http.Handler {
 	return r
 }
 
-// healthRoutes adds /healthz, /readyz, /metrics and the 404 and 405
+// healthRoutes adds the probe routes (probe.Routes) and the 404 and 405
 // answers to r.
 func (s *Scheduler) healthRoutes(r *mux.Router) {
-	r.Handle("/metrics", s.metrics.handler).Methods(http.MethodGet, http.MethodHead)
-	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		plain(w, http.StatusOK, "ok")
-	}).Methods(http.MethodGet, http.MethodHead)
-	r.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			plain(w, http.StatusServiceUnavailable, "informer caches not synced")
-			return
-		}
-		plain(w, http.StatusOK, "ok")
-	}).Methods(http.MethodGet, http.MethodHead)
+	probe.Routes(r, s.readyErr, s.metrics.handler)
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		plain(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", req.Method, req.URL.Path))
+		probe.Text(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", req.Method, req.URL.Path))
 	})
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		plain(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s", req.URL.Path))
+		probe.Text(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s", req.URL.Path))
 	})
 }
 
@@ -73,7 +65,7 @@ func (s *Scheduler) authorized(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			plain(w, http.StatusForbidden, "a client certificate signed by the configured clientCAFile is required")
+			probe.Text(w, http.StatusForbidden, "a client certificate signed by the configured clientCAFile is required")
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -99,7 +91,7 @@ func jsonEndpoint[In, Out any](call func(context.Context, *In) (Out, error)) htt
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var in In
 		if status, err := decode(w, r, &in); err != nil {
-			plain(w, status, err.Error())
+			probe.Text(w, status, err.Error())
 			return
 		}
 		out, err := call(r.Context(), &in)
@@ -108,12 +100,12 @@ func jsonEndpoint[In, Out any](call func(context.Context, *In) (Out, error)) htt
 			if errors.Is(err, ErrBadArgs) {
 				status = http.StatusBadRequest
 			}
-			plain(w, status, err.Error())
+			probe.Text(w, status, err.Error())
 			return
 		}
 		body, err := json.Marshal(out)
 		if err != nil {
-			plain(w, http.StatusInternalServerError, "encode response: "+err.Error())
+			probe.Text(w, http.StatusInternalServerError, "encode response: "+err.Error())
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -145,11 +137,4 @@ func decode(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 		return http.StatusBadRequest, errors.New("malformed request body: more than one JSON value")
 	}
 	return 0, nil
-}
-
-func plain(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, msg+"\n") //nolint:gosec // G705: text/plain with nosniff is never rendered as HTML.
 }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuslice/gpuslice/internal/probe"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -25,10 +26,10 @@ const (
 	// MutatingWebhookConfiguration's clientConfig.
 	MutatePath = "/mutate"
 	// HealthzPath answers GET with 200 while the process serves.
-	HealthzPath = "/healthz"
+	HealthzPath = probe.HealthzPath
 	// ReadyzPath answers GET with 200 while the webhook can admit pods, 503
 	// otherwise (for a Server: while its certificate has expired).
-	ReadyzPath = "/readyz"
+	ReadyzPath = probe.ReadyzPath
 )
 
 // maxRequestBytes bounds an AdmissionReview body. The API server takes
@@ -86,17 +87,7 @@ func newRouter(cfg Config, ready func() error, m *metrics) *mux.Router {
 	h := &handler{cfg: cfg, metrics: m}
 	r := mux.NewRouter()
 	r.HandleFunc(MutatePath, h.serveMutate).Methods(http.MethodPost)
-	r.Handle(MetricsPath, m.handler).Methods(http.MethodGet, http.MethodHead)
-	r.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
-		writeText(w, http.StatusOK, "ok")
-	}).Methods(http.MethodGet, http.MethodHead)
-	r.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
-			return
-		}
-		writeText(w, http.StatusOK, "ok")
-	}).Methods(http.MethodGet, http.MethodHead)
+	probe.Routes(r, ready, m.handler)
 	return r
 }
 
@@ -113,7 +104,7 @@ func (h *handler) serveMutate(w http.ResponseWriter, r *http.Request) {
 	review, status, err := decodeReview(w, r)
 	if err != nil {
 		logger.V(1).Info("Rejected an admission request", "status", status, "err", err, "remote", r.RemoteAddr)
-		writeText(w, status, err.Error())
+		probe.Text(w, status, err.Error())
 		h.metrics.rejected(status)
 		return
 	}
@@ -135,7 +126,7 @@ func (h *handler) serveMutate(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil { // Not expected: every field marshals.
 		logger.Error(err, "Cannot encode the admission response")
-		writeText(w, http.StatusInternalServerError, "cannot encode the admission response: "+err.Error())
+		probe.Text(w, http.StatusInternalServerError, "cannot encode the admission response: "+err.Error())
 		reason = ReasonInternalError
 		return
 	}
@@ -247,12 +238,4 @@ func reasonForCode(code int32) metav1.StatusReason {
 	default:
 		return metav1.StatusReasonInternalError
 	}
-}
-
-// writeText answers with status and a one-line plain-text body.
-func writeText(w http.ResponseWriter, status int, text string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, text+"\n")
 }

@@ -10,12 +10,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpuslice/gpuslice/internal/probe"
 	"github.com/gpuslice/gpuslice/internal/registry"
 )
 
 // MetricsPath answers GET with the webhook's Prometheus metrics
 // (docs/metrics.md).
-const MetricsPath = "/metrics"
+const MetricsPath = probe.MetricsPath
 
 // Metric names the webhook exposes on MetricsPath.
 const (
