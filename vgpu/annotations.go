@@ -40,6 +40,14 @@ const (
 	// operators) treat the plugin as dead once renewTime plus
 	// spec.leaseDurationSeconds has passed, whatever this says.
 	AnnotationPluginHeartbeat = "hami.io/plugin-heartbeat"
+	// LabelHeartbeat is on each device plugin's heartbeat Lease, always
+	// LabelHeartbeatValue. The plugin sets it when it creates or renews the
+	// Lease; the scheduler extender watches only Leases that carry it
+	// (a label selector), so the kubelets' own node Leases in the same
+	// namespace never reach its cache.
+	LabelHeartbeat = "hami.io/gpu-heartbeat"
+	// LabelHeartbeatValue is LabelHeartbeat's only value.
+	LabelHeartbeatValue = "true"
 	// AnnotationPodAllocation is on each Pod that asks for GPUs. The
 	// scheduler extender writes it (EncodePodAllocation) in Bind, before it
 	// posts the Binding, and never changes it afterwards. The device plugin
