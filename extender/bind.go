@@ -2,16 +2,15 @@ package extender
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"net/http"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -21,23 +20,40 @@ import (
 // fieldManager names the extender's writes on the API server.
 const fieldManager = "gpuslice-scheduler"
 
-// Bind places the pod on args.Node for kube-scheduler's bindVerb: it reads
-// the pod fresh from the API server and checks its UID, fits it on the node
-// against the informers' state plus the reservations of binds in progress,
-// reserves the GPUs in memory, writes the allocation annotation (a JSON
-// patch that fails if the pod changed since it was read) and posts the
-// Binding. Binds to one node hold that node's lock only for the in-memory
-// fit and reservation, so they never over-commit a GPU; binds to different
-// nodes do not wait on each other. The reservation counts until the
-// informers see the pod bound (then it counts as a bound pod) or deleted.
+// ErrOverloaded is wrapped by the Bind error of a call refused at once
+// because Config.MaxPendingBinds binds are already waiting for the API
+// client: kube-scheduler puts the pod back in its queue (with back-off)
+// instead of waiting out its bind timeout and retrying into a collapse.
+var ErrOverloaded = errors.New("extender overloaded")
+
+// errNotSyncedBind is Bind's answer before the informers synced: without
+// every bound pod counted, a slice could be given twice.
+var errNotSyncedBind = errors.New(fieldManager + " not ready: informer caches not synced, so bound pods may not all be counted yet; kube-scheduler retries the pod")
+
+// Bind places the pod on args.Node for kube-scheduler's bindVerb, in one
+// API request: it takes the pod from the informers' cache (a GET only when
+// the cache has not seen it yet), fits it on the node against the
+// informers' state plus the reservations of binds in progress, reserves
+// the GPUs in memory and posts a Binding that carries the allocation
+// annotation in its metadata, with the pod's UID as precondition. The API
+// server copies the annotation onto the pod in the same update that sets
+// spec.nodeName (FIELD.md §8), so a pod is never left with an allocation
+// but no node, and nothing needs undoing. Binds to one node hold that
+// node's lock only for the in-memory fit and reservation, so they never
+// over-commit a GPU; binds to different nodes do not wait on each other.
+// The reservation counts until the informers see the pod bound (then it
+// counts as a bound pod) or deleted.
 //
-// On any failure it drops the reservation, removes the annotation again
-// (best effort) and returns a result with Error; a pod that turns out to be
-// bound to args.Node with its allocation after all counts as bound. The
-// whole call is bounded by Config.BindTimeout. A pod that asks for no GPU
-// is bound without an annotation. Each call with valid arguments is counted
-// in MetricBinds by result. The error is non-nil, wrapping
-// ErrBadArgs, only for arguments kube-scheduler never sends.
+// Before the informers synced it refuses (errNotSyncedBind). When
+// Config.MaxPendingBinds calls are already waiting for the API client it
+// refuses at once (ErrOverloaded). On any failure it drops the reservation
+// and returns a result with Error; when the request's outcome is unknown
+// (a timeout, a lost reply) it reads the pod once to tell, and a pod bound
+// to args.Node with its allocation after all counts as bound. The whole
+// call is bounded by Config.BindTimeout. A pod that asks for no GPU is
+// bound without an annotation. Each call with valid arguments is counted
+// in MetricBinds by result. The error is non-nil, wrapping ErrBadArgs, only
+// for arguments kube-scheduler never sends.
 func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*extenderv1.ExtenderBindingResult, error) {
 	switch {
 	case args == nil:
@@ -49,59 +65,97 @@ func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(args.PodNamespace, args.PodName), "podUID", args.PodUID, "node", args.Node)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.BindTimeout.Duration)
 	defer cancel()
-	value, err := s.bind(klog.NewContext(ctx, logger), args)
+	var value string
+	err := errNotSyncedBind
+	if s.Ready() {
+		if release, gateErr := s.binds.enter(); gateErr != nil {
+			err = gateErr
+		} else {
+			value, err = s.bind(klog.NewContext(ctx, logger), args)
+			release()
+		}
+	}
 	elapsed := s.clock.Since(start)
 	s.metrics.bindResult(err)
 	if err != nil {
 		reason := vgpu.Reason("APIError")
 		var fe *vgpu.FitError
-		if errors.As(err, &fe) {
+		switch {
+		case errors.As(err, &fe):
 			reason = fe.Reason
+		case errors.Is(err, ErrOverloaded):
+			reason = "Overloaded"
+		case errors.Is(err, errNotSyncedBind):
+			reason = "NotSynced"
 		}
 		logger.Info("Bind failed", "reason", reason, "err", err.Error(), "duration", elapsed)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}, nil
 	}
-	logger.Info("Bound pod", "allocation", value, "duration", elapsed)
+	logger.V(2).Info("Bound pod", "allocation", value, "duration", elapsed)
 	return &extenderv1.ExtenderBindingResult{}, nil
 }
 
 // bind does Bind's work and returns the allocation annotation written ("" for
 // a pod without GPUs).
 func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (string, error) {
-	pods := s.client.CoreV1().Pods(args.PodNamespace)
-	pod, err := pods.Get(ctx, args.PodName, metav1.GetOptions{})
-	switch {
-	case err != nil:
-		return "", fmt.Errorf("get pod %s/%s: %w", args.PodNamespace, args.PodName, err)
-	case pod.UID != args.PodUID:
-		return "", fmt.Errorf("pod %s/%s has UID %s, not %s: it was replaced", pod.Namespace, pod.Name, pod.UID, args.PodUID)
-	case pod.Spec.NodeName != "":
-		return "", fmt.Errorf("pod %s/%s is already bound to node %q", pod.Namespace, pod.Name, pod.Spec.NodeName)
-	case pod.DeletionTimestamp != nil:
-		return "", fmt.Errorf("pod %s/%s is being deleted", pod.Namespace, pod.Name)
+	pod, err := s.podForBind(ctx, args)
+	if err != nil {
+		return "", err
 	}
 	d, err := demandOf(pod)
 	if err != nil {
 		return "", err
 	}
 	if !d.wantsGPU() {
-		return "", s.postBinding(ctx, pod, args.Node)
+		return "", s.postBinding(ctx, pod, args.Node, "")
 	}
 	entry, err := s.reserve(args.Node, &d)
 	if err != nil {
 		return "", err
 	}
-	err = s.writeAllocation(ctx, pod, entry.raw)
-	if err == nil {
-		err = s.postBinding(ctx, pod, args.Node)
-	}
-	if err != nil {
-		if s.undo(ctx, entry, pod) {
-			return entry.raw, nil
-		}
+	err = s.postBinding(ctx, pod, args.Node, entry.raw)
+	switch {
+	case err == nil:
+		return entry.raw, nil
+	case !outcomeUnknown(err):
+		s.state.release(entry)
 		return "", err
+	case s.boundAfterAll(ctx, entry, pod):
+		return entry.raw, nil
 	}
-	return entry.raw, nil
+	s.state.release(entry)
+	return "", err
+}
+
+// podForBind returns the pod args name, from the informers' cache, or read
+// from the API server when the cache has not seen it (or has an older pod
+// of that name). It refuses pods that are replaced, bound or being
+// deleted; the Binding's preconditions refuse them too, but without a
+// request.
+func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	if lister := s.pods.Load(); lister != nil {
+		if p, err := (*lister).Pods(args.PodNamespace).Get(args.PodName); err == nil && p.UID == args.PodUID {
+			pod = p
+		}
+	}
+	if pod == nil {
+		s.metrics.bindPodReads.Inc()
+		p, err := s.client.CoreV1().Pods(args.PodNamespace).Get(ctx, args.PodName, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("get pod %s/%s: %w", args.PodNamespace, args.PodName, err)
+		}
+		pod = p
+	}
+	switch {
+	case pod.UID != args.PodUID:
+		return nil, fmt.Errorf("pod %s/%s has UID %s, not %s: it was replaced", pod.Namespace, pod.Name, pod.UID, args.PodUID)
+	case pod.Spec.NodeName != "":
+		return nil, fmt.Errorf("pod %s/%s is already bound to node %q", pod.Namespace, pod.Name, pod.Spec.NodeName)
+	case pod.DeletionTimestamp != nil:
+		return nil, fmt.Errorf("pod %s/%s is being deleted", pod.Namespace, pod.Name)
+	}
+	return pod, nil
 }
 
 // reserve fits d on node and counts it there as a reservation. It holds the
@@ -152,27 +206,16 @@ func (s *Scheduler) checkLocked(node string, d *demand, now time.Time) (verdict,
 	return v, s.state.nodes[node].gen, nil
 }
 
-// writeAllocation adds the allocation annotation to pod with a JSON patch
-// that first tests the pod's UID and resourceVersion, so it fails if the
-// pod was replaced or changed since it was read.
-func (s *Scheduler) writeAllocation(ctx context.Context, pod *corev1.Pod, value string) error {
-	ops := preconditions(pod)
-	if len(pod.Annotations) == 0 {
-		ops = append(ops, patchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{vgpu.AnnotationPodAllocation: value}})
-	} else {
-		ops = append(ops, patchOp{Op: "add", Path: annotationPath, Value: value})
-	}
-	if err := s.patch(ctx, pod, ops); err != nil {
-		return fmt.Errorf("write %s: %w", vgpu.AnnotationPodAllocation, err)
-	}
-	return nil
-}
-
-// postBinding binds pod to node, with pod's UID as precondition.
-func (s *Scheduler) postBinding(ctx context.Context, pod *corev1.Pod, node string) error {
+// postBinding binds pod to node, with pod's UID as precondition and, when
+// allocation is not empty, the allocation annotation, which the API server
+// sets on the pod together with spec.nodeName.
+func (s *Scheduler) postBinding(ctx context.Context, pod *corev1.Pod, node, allocation string) error {
 	b := &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
 		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}
+	if allocation != "" {
+		b.Annotations = map[string]string{vgpu.AnnotationPodAllocation: allocation}
 	}
 	if err := s.client.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{FieldManager: fieldManager}); err != nil {
 		return fmt.Errorf("bind pod %s/%s to node %s: %w", pod.Namespace, pod.Name, node, err)
@@ -180,65 +223,51 @@ func (s *Scheduler) postBinding(ctx context.Context, pod *corev1.Pod, node strin
 	return nil
 }
 
-// undo cleans up after a failed bind of e: unless the pod turns out to be
-// bound to e's node with e's allocation after all (a reply lost after the
-// API server acted), it drops the reservation and removes the annotation
-// if the unbound pod still carries exactly e's. It reports whether the pod
-// is bound after all. It runs on its own deadline, so a bind that failed by
-// timing out still cleans up.
-func (s *Scheduler) undo(ctx context.Context, e *podEntry, pod *corev1.Pod) bool {
+// outcomeUnknown reports whether a failed Binding request may still have
+// been carried out: no answer (timeout, connection lost), a server-side
+// timeout, or a 5xx. A 4xx answer (conflict, not found, forbidden, invalid,
+// too many requests) means the API server did not bind the pod.
+func outcomeUnknown(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return true
+	}
+	code := status.Status().Code
+	return code == 0 || code >= http.StatusInternalServerError || code == http.StatusRequestTimeout || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+}
+
+// boundAfterAll reads the pod after a Binding whose outcome is unknown and
+// reports whether it is bound to e's node with e's allocation. It runs on
+// its own deadline, so a bind that failed by timing out can still tell.
+func (s *Scheduler) boundAfterAll(ctx context.Context, e *podEntry, pod *corev1.Pod) bool {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BindTimeout.Duration)
 	defer cancel()
 	cur, err := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err == nil && cur.UID == e.uid && cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw {
+	if err != nil {
+		logger.Info("Could not read the pod after a bind with unknown outcome", "err", err.Error())
+		return false
+	}
+	if cur.UID == e.uid && cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw {
 		logger.Info("Pod is bound after all; keeping its allocation")
 		return true
-	}
-	s.state.release(e)
-	switch {
-	case apierrors.IsNotFound(err):
-		return false
-	case err != nil:
-		logger.Info("Could not read the pod to remove its allocation annotation", "err", err.Error())
-		return false
-	case cur.UID != e.uid || cur.Spec.NodeName != "" || cur.Annotations[vgpu.AnnotationPodAllocation] != e.raw:
-		return false
-	}
-	ops := append(preconditions(cur),
-		patchOp{Op: "test", Path: annotationPath, Value: e.raw},
-		patchOp{Op: "remove", Path: annotationPath})
-	if err := s.patch(ctx, cur, ops); err != nil {
-		logger.Info("Could not remove the allocation annotation of a failed bind", "err", err.Error())
 	}
 	return false
 }
 
-// patchOp is one RFC 6902 operation.
-type patchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value,omitempty"`
+// bindGate bounds the binds waiting for the API client: at most max at
+// once; the next is refused at once. Safe for concurrent use.
+type bindGate struct {
+	max     int64
+	pending atomic.Int64
 }
 
-// annotationPath is the JSON pointer (RFC 6901) of the allocation
-// annotation: "~" and "/" in the key are escaped.
-var annotationPath = "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(vgpu.AnnotationPodAllocation)
-
-// preconditions tests pod's UID and, when it has one, resourceVersion.
-func preconditions(pod *corev1.Pod) []patchOp {
-	ops := []patchOp{{Op: "test", Path: "/metadata/uid", Value: pod.UID}}
-	if pod.ResourceVersion != "" {
-		ops = append(ops, patchOp{Op: "test", Path: "/metadata/resourceVersion", Value: pod.ResourceVersion})
+// enter admits one bind and returns the function that lets it out, or an
+// error wrapping ErrOverloaded when max binds are pending.
+func (g *bindGate) enter() (func(), error) {
+	if g.pending.Add(1) > g.max {
+		g.pending.Add(-1)
+		return nil, fmt.Errorf("%w: %d binds are already waiting for the API client (maxPendingBinds); kube-scheduler retries the pod", ErrOverloaded, g.max)
 	}
-	return ops
-}
-
-func (s *Scheduler) patch(ctx context.Context, pod *corev1.Pod, ops []patchOp) error {
-	body, err := json.Marshal(ops)
-	if err != nil {
-		return fmt.Errorf("encode patch: %w", err)
-	}
-	_, err = s.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: fieldManager})
-	return err
+	return func() { g.pending.Add(-1) }, nil
 }

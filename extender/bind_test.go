@@ -28,19 +28,21 @@ func TestBind(t *testing.T) {
 	if got := e.bind(pod, "n1"); got.Error != "" {
 		t.Fatalf("bind: %s", got.Error)
 	}
-	var patched, bound bool
+	// One request: the Binding, carrying the allocation. No read, no patch.
+	var writes []string
+	bound := false
 	for _, a := range e.client.Actions() {
-		switch {
-		case a.Matches("patch", "pods"):
-			p := a.(k8stesting.PatchAction)
-			patched = p.GetPatchType() == types.JSONPatchType && strings.Contains(string(p.GetPatch()), `"test"`)
-		case a.Matches("create", "pods") && a.GetSubresource() == "binding":
+		if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+			continue
+		}
+		writes = append(writes, a.GetVerb()+" "+a.GetResource().Resource+"/"+a.GetSubresource())
+		if a.Matches("create", "pods") && a.GetSubresource() == "binding" {
 			b := a.(k8stesting.CreateAction).GetObject().(*corev1.Binding)
-			bound = b.Target.Kind == "Node" && b.Target.Name == "n1" && b.UID == pod.UID
+			bound = b.Target.Kind == "Node" && b.Target.Name == "n1" && b.UID == pod.UID && b.Annotations[vgpu.AnnotationPodAllocation] != ""
 		}
 	}
-	if !patched || !bound {
-		t.Errorf("actions: JSON patch with preconditions %t, Binding to n1 %t; want both\n%v", patched, bound, e.client.Actions())
+	if diff := cmp.Diff([]string{"create pods/", "create pods/binding"}, writes); diff != "" || !bound {
+		t.Errorf("requests after the pod's creation (-want +got):\n%s\nBinding to n1 with UID and allocation: %t", diff, bound)
 	}
 	got := e.getPod(pod)
 	alloc, err := vgpu.ParsePodAllocation(got.Annotations[vgpu.AnnotationPodAllocation])
@@ -89,9 +91,9 @@ func TestBindFailure(t *testing.T) {
 			return a.GetSubresource() == "binding", nil, apierrors.NewInternalError(errors.New("etcd is on fire"))
 		})
 	}
-	rejectPatch := func(c k8stesting.FakeClient) {
-		c.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewConflict(podsResource.GroupResource(), "p", errors.New("the object has been modified"))
+	conflictBinding := func(c k8stesting.FakeClient) {
+		c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			return a.GetSubresource() == "binding", nil, apierrors.NewConflict(podsResource.GroupResource(), "p", errors.New("the object has been modified"))
 		})
 	}
 	inv, n1 := gpuNode("n1", 1, 16384)
@@ -103,7 +105,7 @@ func TestBindFailure(t *testing.T) {
 		want    string
 	}{
 		{name: "binding rejected", reactor: rejectBinding, want: "bind pod default/p to node n1: Internal error occurred: etcd is on fire"},
-		{name: "patch conflict", reactor: rejectPatch, want: "write hami.io/gpu-allocation: Operation cannot be fulfilled on pods \"p\": the object has been modified"},
+		{name: "binding conflict", reactor: conflictBinding, want: "bind pod default/p to node n1: Operation cannot be fulfilled on pods \"p\": the object has been modified"},
 		{name: "pod replaced", args: func(*corev1.Pod) (types.UID, string) { return "old-uid", "n1" },
 			want: "pod default/p has UID uid-p, not old-uid: it was replaced"},
 		{name: "node not ready", args: func(p *corev1.Pod) (types.UID, string) { return p.UID, "sick" },
@@ -160,8 +162,10 @@ func TestBindLostReply(t *testing.T) {
 		if err != nil {
 			return true, nil, err
 		}
+		b := a.(k8stesting.CreateAction).GetObject().(*corev1.Binding)
 		bound := obj.(*corev1.Pod).DeepCopy()
 		bound.Spec.NodeName = "n1"
+		bound.Annotations = b.Annotations
 		if err := client.Tracker().Update(podsResource, bound, "default"); err != nil {
 			return true, nil, err
 		}
@@ -180,9 +184,3 @@ func TestBindLostReply(t *testing.T) {
 	}
 }
 
-func TestAnnotationPath(t *testing.T) {
-	want := "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(vgpu.AnnotationPodAllocation)
-	if annotationPath != want {
-		t.Errorf("annotationPath = %q, want %q", annotationPath, want)
-	}
-}

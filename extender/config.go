@@ -2,6 +2,7 @@ package extender
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +27,11 @@ const (
 	// MaxBindTimeout bounds BindTimeout: kube-scheduler's httpTimeout caps
 	// how long it waits anyway.
 	MaxBindTimeout = 5 * time.Minute
+	// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the extender's API
+	// client rate limit. A bind is one request, so this matches a
+	// kube-scheduler whose clientConnection allows as much.
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 200
 	// MaxRequestBytes bounds a request body: a Filter call without
 	// nodeCacheCapable carries every candidate Node in full.
 	MaxRequestBytes = 16 << 20
@@ -74,6 +80,27 @@ type Config struct {
 	// the allocation, post the Binding). Keep it below the httpTimeout of
 	// kube-scheduler's extender configuration.
 	BindTimeout metav1.Duration `json:"bindTimeout"`
+	// KubeAPIQPS and KubeAPIBurst are the API client's sustained rate and
+	// burst, in requests per second. Bind makes one request per pod; size
+	// them at least as large as kube-scheduler's clientConnection qps and
+	// burst, so that binding never limits scheduling.
+	KubeAPIQPS   float32 `json:"kubeAPIQPS"`
+	KubeAPIBurst int     `json:"kubeAPIBurst"`
+	// MaxPendingBinds is how many binds may wait for the API client at
+	// once; one more is refused at once with "extender overloaded" and
+	// kube-scheduler retries the pod after its back-off, instead of every
+	// bind waiting out BindTimeout. 0 means what the client can send in
+	// half of BindTimeout (KubeAPIQPS × BindTimeout / 2, at least
+	// KubeAPIBurst).
+	MaxPendingBinds int `json:"maxPendingBinds"`
+}
+
+// pendingBinds is MaxPendingBinds with 0 resolved.
+func (c Config) pendingBinds() int {
+	if c.MaxPendingBinds > 0 {
+		return c.MaxPendingBinds
+	}
+	return max(int(float64(c.KubeAPIQPS)*c.BindTimeout.Seconds()/2), c.KubeAPIBurst, 1)
 }
 
 // DefaultConfig returns the configuration used when nothing is set: plain
@@ -87,6 +114,8 @@ func DefaultConfig() Config {
 		HeartbeatNamespace: vgpu.DefaultHeartbeatNamespace,
 		ResourceName:       string(vgpu.ResourceGPU),
 		BindTimeout:        metav1.Duration{Duration: DefaultBindTimeout},
+		KubeAPIQPS:         DefaultKubeAPIQPS,
+		KubeAPIBurst:       DefaultKubeAPIBurst,
 	}
 }
 
@@ -139,6 +168,15 @@ func (c Config) Validate() error {
 	}
 	if d := c.BindTimeout.Duration; d < 100*time.Millisecond || d > MaxBindTimeout {
 		errs = append(errs, vgpu.InvalidField("bindTimeout", c.BindTimeout.String(), "must be a duration from 100ms to "+MaxBindTimeout.String()+", below kube-scheduler's extender httpTimeout"))
+	}
+	if !(c.KubeAPIQPS >= 1) || c.KubeAPIQPS > 100000 {
+		errs = append(errs, vgpu.InvalidField("kubeAPIQPS", fmt.Sprint(c.KubeAPIQPS), "must be from 1 to 100000 requests per second"))
+	}
+	if c.KubeAPIBurst < 1 || c.KubeAPIBurst > 100000 {
+		errs = append(errs, vgpu.InvalidField("kubeAPIBurst", fmt.Sprint(c.KubeAPIBurst), "must be from 1 to 100000 requests"))
+	}
+	if c.MaxPendingBinds < 0 || c.MaxPendingBinds > 1000000 {
+		errs = append(errs, vgpu.InvalidField("maxPendingBinds", fmt.Sprint(c.MaxPendingBinds), "must be from 0 (derived from kubeAPIQPS and bindTimeout) to 1000000"))
 	}
 	return errors.Join(errs...)
 }

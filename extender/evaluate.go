@@ -15,8 +15,8 @@ import (
 )
 
 // Reasons the extender turns a node away before it asks vgpu.Fit, beside
-// vgpu's own Fit reasons. Every one but ReasonNodeUnknown means the device
-// plugin is not serving the node, and its message starts with "plugin not
+// vgpu's own Fit reasons. Every one but ReasonNodeUnknown and
+// ReasonNotSynced means the device plugin is not serving the node, and its message starts with "plugin not
 // ready: ". Counted by Scheduler.Rejections.
 const (
 	// ReasonNodeUnknown: the node is not (yet) in the extender's cache.
@@ -35,10 +35,16 @@ const (
 	// ReasonStaleHeartbeat: the heartbeat Lease was renewed longer ago than
 	// Config.HeartbeatMaxAge.
 	ReasonStaleHeartbeat vgpu.Reason = "StaleHeartbeat"
+	// ReasonNotSynced: the extender's informers have not synced yet, so
+	// it cannot tell what is free anywhere.
+	ReasonNotSynced vgpu.Reason = "NotSynced"
 	// ReasonNotRegistered: the heartbeat says the plugin is not registered
 	// with the kubelet, or does not parse.
 	ReasonNotRegistered vgpu.Reason = "NotRegistered"
 )
+
+// notSyncedVerdict is every node's verdict before the informers synced.
+var notSyncedVerdict = rejected(ReasonNotSynced, true, fieldManager+" not ready: informer caches not synced")
 
 // notReady is the prefix of every message about a node whose device plugin
 // is not serving it.

@@ -46,6 +46,10 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 // annotation gets Error and no node. A pod that asks for no GPU passes
 // every node.
 //
+// Before the informers synced, every node is turned away as unresolvable
+// (ReasonNotSynced): the state may lack bound pods, and answering from it
+// could give one slice twice. The pod is retried once they have synced.
+//
 // Filter reads the informers' state only (no API call), changes nothing but
 // the rejection counters and is safe to call concurrently. The error is
 // non-nil, wrapping ErrBadArgs, only for arguments kube-scheduler never
@@ -66,9 +70,15 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	}
 	verdicts := make([]verdict, len(names))
 	seen := s.state.retries.seen()
-	if d.wantsGPU() {
+	switch {
+	case d.wantsGPU() && !s.Ready():
+		// Without every bound pod counted, full GPUs would look free.
+		for i := range verdicts {
+			verdicts[i] = notSyncedVerdict
+		}
+	case d.wantsGPU():
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
-	} else {
+	default:
 		for i := range verdicts {
 			verdicts[i].fits = true
 		}
@@ -115,7 +125,8 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 // prioritizeVerb, in the order of args: vgpu.Score of the pod's placement
 // under the node policy, scaled from 0..vgpu.MaxScore to
 // 0..extenderv1.MaxExtenderPriority. Nodes where the pod does not fit, and
-// every node for a pod that asks for no GPU or asks invalidly, score 0.
+// every node for a pod that asks for no GPU or asks invalidly, or before
+// the informers synced, score 0.
 // Like Filter it reads the informers' state only and is safe to call
 // concurrently; the error wraps ErrBadArgs.
 func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
@@ -128,7 +139,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 		list[i].Host = name
 	}
 	d, err := demandOf(args.Pod)
-	if err != nil || !d.wantsGPU() {
+	if err != nil || !d.wantsGPU() || !s.Ready() {
 		return list, nil
 	}
 	d.scored = true

@@ -92,7 +92,8 @@ func startEnv(t *testing.T, cfg Config, client *fake.Clientset) *env {
 }
 
 // emulateBinding makes the fake clientset act on pods/binding as the API
-// server does: set spec.nodeName once, with a UID precondition.
+// server does: set spec.nodeName once, with a UID precondition, and copy
+// the Binding's annotations onto the pod in the same update.
 func emulateBinding(c *fake.Clientset) {
 	c.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		create, ok := action.(k8stesting.CreateAction)
@@ -115,6 +116,12 @@ func emulateBinding(c *fake.Clientset) {
 			return true, nil, apierrors.NewConflict(podsResource.GroupResource(), b.Name, fmt.Errorf("pod is already assigned to node %q", pod.Spec.NodeName))
 		}
 		pod.Spec.NodeName = b.Target.Name
+		for k, v := range b.Annotations {
+			if pod.Annotations == nil {
+				pod.Annotations = map[string]string{}
+			}
+			pod.Annotations[k] = v
+		}
 		return true, b, c.Tracker().Update(podsResource, pod, b.Namespace)
 	})
 }

@@ -20,6 +20,7 @@ const (
 	MetricFilterRejections     = "gpuslice_extender_filter_rejections_total"
 	MetricBinds                = "gpuslice_extender_binds_total"
 	MetricRetries              = "gpuslice_extender_scheduler_retries_total"
+	MetricBindPodReads         = "gpuslice_extender_bind_pod_reads_total"
 	MetricGPUMemoryAllocated   = "gpuslice_gpu_memory_allocated_mib"
 	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
@@ -34,6 +35,11 @@ const (
 	// BindUnfit: the pod no longer fits the node kube-scheduler chose
 	// (the state changed since Filter, or another bind took the room).
 	BindUnfit = "unfit"
+	// BindOverloaded: refused at once because Config.MaxPendingBinds
+	// binds were already waiting for the API client.
+	BindOverloaded = "overloaded"
+	// BindNotSynced: refused because the informers had not synced yet.
+	BindNotSynced = "not_synced"
 	// BindError: any other failure: the pod changed or went, an API
 	// request failed or timed out, the pod's request is invalid.
 	BindError = "error"
@@ -48,7 +54,7 @@ var verbs = []string{"filter", "prioritize", "bind"}
 
 // durationBuckets span Filter over one node (well below a millisecond) to
 // a Bind that waits out Config.BindTimeout.
-var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // metrics are the Scheduler's Prometheus metrics; they are registered once,
 // in New, and safe for concurrent use.
@@ -60,6 +66,9 @@ type metrics struct {
 	durations map[string]prometheus.ObserverVec
 	binds     *prometheus.CounterVec
 	retries   prometheus.Counter
+	// bindPodReads counts the pods Bind read from the API server because
+	// the informers had not seen them yet.
+	bindPodReads prometheus.Counter
 }
 
 // newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
@@ -82,16 +91,21 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	}, []string{"verb"})
 	binds := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: MetricBinds,
-		Help: "Bind calls by result: success, unfit (the pod no longer fits the chosen node) or error.",
+		Help: "Bind calls by result: success, unfit (the pod no longer fits the chosen node), overloaded (refused at once: maxPendingBinds binds were waiting), not_synced (refused: informers not synced) or error.",
 	}, []string{"result"})
-	for _, r := range []string{BindSuccess, BindUnfit, BindError} {
+	for _, r := range []string{BindSuccess, BindUnfit, BindOverloaded, BindNotSynced, BindError} {
 		binds.WithLabelValues(r)
 	}
 	retries := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: MetricRetries,
 		Help: "Pods the extender asked kube-scheduler to try again (annotation " + AnnotationRetry + ") because Filter turned them away before it saw a change that may let them fit.",
 	})
+	bindPodReads := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: MetricBindPodReads,
+		Help: "Pods Bind read from the API server because the informers' cache had not seen them yet (normally Bind reads none).",
+	})
 	m := &metrics{
+		bindPodReads: bindPodReads,
 		handler:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 		retries:   retries,
 		requests:  map[string]*prometheus.CounterVec{},
@@ -114,6 +128,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		reg.Register(durations),
 		reg.Register(binds),
 		reg.Register(retries),
+		reg.Register(bindPodReads),
 		reg.Register(&stateCollector{s: s}),
 	); err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
@@ -134,6 +149,10 @@ func (m *metrics) bindResult(err error) {
 		m.binds.WithLabelValues(BindSuccess).Inc()
 	case errors.As(err, &fe):
 		m.binds.WithLabelValues(BindUnfit).Inc()
+	case errors.Is(err, ErrOverloaded):
+		m.binds.WithLabelValues(BindOverloaded).Inc()
+	case errors.Is(err, errNotSyncedBind):
+		m.binds.WithLabelValues(BindNotSynced).Inc()
 	default:
 		m.binds.WithLabelValues(BindError).Inc()
 	}

@@ -65,6 +65,8 @@ func TestMetrics(t *testing.T) {
 		`gpuslice_extender_binds_total{result="success"}`:                        1,
 		`gpuslice_extender_binds_total{result="unfit"}`:                          1,
 		`gpuslice_extender_binds_total{result="error"}`:                          1,
+		`gpuslice_extender_binds_total{result="overloaded"}`:                     0,
+		`gpuslice_extender_binds_total{result="not_synced"}`:                     0,
 		`gpuslice_extender_filter_rejections_total{reason="NoHeartbeat"}`:        1,
 		`gpuslice_extender_filter_rejections_total{reason="NodeUnknown"}`:        1,
 		`gpuslice_extender_filter_rejections_total{reason="InsufficientMemory"}`: 1,
@@ -112,9 +114,9 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results and the retry counter start at 0; the
+	// Only the bind results and the plain counters start at 0; the
 	// vectors appear with their first sample.
-	if diff := cmp.Diff([]string{MetricBinds, MetricRetries}, names); diff != "" {
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricRetries}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

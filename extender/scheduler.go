@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -52,6 +53,11 @@ type Scheduler struct {
 	bindLocks  keyedMutex
 	rejections rejectionCounts
 	metrics    *metrics
+	// binds bounds the binds waiting for the API client.
+	binds bindGate
+	// pods is the pod informer's lister once WatchCluster started it;
+	// Bind reads pods from it.
+	pods atomic.Pointer[corelisters.PodLister]
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
 }
@@ -79,6 +85,7 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
 		},
 		state: newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration),
+		binds: bindGate{max: int64(cfg.pendingBinds())},
 	}
 	m, err := newMetrics(s, opts.Registry)
 	if err != nil {
@@ -122,8 +129,13 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("informers")
 	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName))
 	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
+	// Only the heartbeat Leases: the kubelets' node Leases share the
+	// namespace and are renewed every 10 s each.
 	leases := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithNamespace(s.cfg.HeartbeatNamespace), informers.WithTransform(trim))
+		informers.WithNamespace(s.cfg.HeartbeatNamespace), informers.WithTransform(trim),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = vgpu.LabelHeartbeat + "=" + vgpu.LabelHeartbeatValue
+		}))
 	defer cluster.Shutdown()
 	defer leases.Shutdown()
 
@@ -149,6 +161,8 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	lister := cluster.Core().V1().Pods().Lister()
+	s.pods.Store(&lister)
 	cluster.Start(ctx.Done())
 	leases.Start(ctx.Done())
 	synced := make([]cache.InformerSynced, 0, len(regs))
@@ -159,6 +173,8 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
 	}
 	s.synced.Store(true)
+	// Pods Filter turned away before now were judged on no state at all.
+	s.state.synced()
 	logger.Info("Informer caches synced; ready")
 	var wg sync.WaitGroup
 	wg.Go(func() { s.retryLoop(ctx) })

@@ -151,6 +151,14 @@ func (st *clusterState) changedLocked() {
 	st.retries.changed(st.now())
 }
 
+// synced records that the informers' first lists are counted: every pod
+// Filter turned away before may fit now.
+func (st *clusterState) synced() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.changedLocked()
+}
+
 // deleteNode records a Node deleted. Its usage stays until its pods go.
 func (st *clusterState) deleteNode(name string) {
 	st.mu.Lock()

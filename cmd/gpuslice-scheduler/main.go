@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -44,7 +45,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 2
 	}
-	client, err := kubeClient(kubeconfig)
+	client, err := kubeClient(kubeconfig, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 1
@@ -89,6 +90,13 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.StringVar(&cfg.HeartbeatNamespace, "heartbeat-namespace", cfg.HeartbeatNamespace, "namespace of the device plugins' heartbeat Leases")
 	fs.StringVar(&cfg.ResourceName, "resource-name", cfg.ResourceName, "extended resource the device plugins register")
 	fs.DurationVar(&cfg.BindTimeout.Duration, "bind-timeout", cfg.BindTimeout.Duration, "time allowed for one bind's API requests; keep below the extender httpTimeout")
+	fs.Func("kube-api-qps", fmt.Sprintf("API client requests per second (default %d)", extender.DefaultKubeAPIQPS), func(v string) error {
+		f, err := strconv.ParseFloat(v, 32)
+		cfg.KubeAPIQPS = float32(f)
+		return err
+	})
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", cfg.KubeAPIBurst, "API client burst")
+	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")
 	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err
 	}
@@ -101,13 +109,13 @@ func oneLine(err error) string {
 }
 
 // kubeClient returns a client from kubeconfig, or in-cluster when empty.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+func kubeClient(kubeconfig string, c extender.Config) (kubernetes.Interface, error) {
 	cfg, err := kubeclient.Config(kubeconfig, name+"/"+version)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w (set --kubeconfig outside a cluster)", err)
 	}
-	// Each bind makes three requests; client-go's default 5 QPS would
-	// queue a 40-pod job for seconds. These match kube-scheduler's.
-	cfg.QPS, cfg.Burst = 50, 100
+	// A bind is one request; client-go's default 5 QPS would queue a
+	// 40-pod job for seconds.
+	cfg.QPS, cfg.Burst = c.KubeAPIQPS, c.KubeAPIBurst
 	return kubernetes.NewForConfig(cfg)
 }

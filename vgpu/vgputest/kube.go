@@ -113,6 +113,7 @@ type LeaseBuilder struct {
 func HeartbeatLease(node string, renewed time.Time) *LeaseBuilder {
 	b := &LeaseBuilder{lease: coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name: vgpu.HeartbeatLeaseName(node), Namespace: vgpu.DefaultHeartbeatNamespace,
+		Labels: map[string]string{vgpu.LabelHeartbeat: vgpu.LabelHeartbeatValue},
 	}}}
 	holder := "gpuslice-device-plugin/" + node
 	seconds := int32(40)
