@@ -40,6 +40,7 @@ func benchScheduler(b *testing.B, nodes int) (*Scheduler, []string) {
 			}
 		}
 	}
+	s.synced.Store(true) // as WatchCluster does once the lists are counted
 	return s, names
 }
 

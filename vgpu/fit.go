@@ -70,16 +70,22 @@ func (e *FitError) Error() string { return e.Message }
 // with an allocation without containers. Fit is pure, deterministic and
 // safe to call concurrently; it does not modify its arguments.
 func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
+	var buf fitBuffers
+	state := initFitState(pod.Request, node.Inventory, node.Usage, &buf)
+	state.hostFree = node.HostFree
+	return fitOn(pod, &state, opts)
+}
+
+// fitOn is Fit on the node of s, which holds what other pods hold there
+// (and, from NodeSummary.Fit, the summary's figures).
+func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
 	req, c := pod.Request, pod.Constraints
 	p := Placement{
-		Allocation: PodAllocation{Node: node.Inventory.Node},
+		Allocation: PodAllocation{Node: s.node.Node},
 		NodePolicy: resolve(c.NodePolicy, opts.NodePolicy),
 		GPUPolicy:  resolve(c.GPUPolicy, opts.GPUPolicy),
 	}
-	var buf fitBuffers
-	state := initFitState(req, node.Inventory, node.Usage, &buf)
-	s := &state
-	s.workload, s.hostFree, s.podHost = opts.Workload, node.HostFree, pod.Host
+	s.workload, s.podHost = opts.Workload, pod.Host
 	p.HealthyGPUs = s.healthy
 	if len(req.Containers) == 0 {
 		if !opts.Unscored {
@@ -118,7 +124,7 @@ func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
 		all = all[len(chosen[ci]):]
 		for k, gi := range chosen[ci] {
 			use := s.need(ci, gi)
-			ca.GPUs[k] = GPUSlice{UUID: node.Inventory.GPUs[gi].UUID, MemoryMiB: use.MemoryMiB, CoresPercent: use.CoresPercent}
+			ca.GPUs[k] = GPUSlice{UUID: s.node.GPUs[gi].UUID, MemoryMiB: use.MemoryMiB, CoresPercent: use.CoresPercent}
 		}
 		p.Allocation.Containers[ci] = ca
 	}
@@ -136,8 +142,17 @@ func (s *fitState) measure(p *Placement) {
 	if p.NodePolicy == PolicyFragmentation {
 		p.FragmentationAfter = s.fragModel().node(s, true)
 	}
+	if s.summary != nil {
+		p.UsedBefore = s.summary.usedBefore
+		if p.NodePolicy == PolicyFragmentation && s.fragCached() {
+			p.FragmentationBefore = s.summary.frag.before
+			return
+		}
+	}
 	s.baseOnly = true
-	p.UsedBefore = s.used()
+	if s.summary == nil {
+		p.UsedBefore = s.used()
+	}
 	if p.NodePolicy == PolicyFragmentation {
 		p.FragmentationBefore = s.fragModel().node(s, false)
 	}
@@ -145,16 +160,46 @@ func (s *fitState) measure(p *Placement) {
 }
 
 // fragModel returns the fragmentation model of this call, built on first
-// use.
+// use: from the summary's weights when they hold for this call (same
+// workload, a pod without host requests), else anew.
 func (s *fitState) fragModel() *fragModel {
-	if s.frag == nil {
-		w := s.workload
-		if w == nil {
-			w = DefaultWorkload()
-		}
-		s.frag = newFragModel(w, s.hostFree, s.podHost)
+	if s.frag != nil {
+		return s.frag
 	}
+	if s.fragCached() && s.podHost == (HostResources{}) {
+		m := s.summary.frag.model
+		n := len(m.w.shapes)
+		if n <= len(s.fragBuf.cnt) {
+			m.cnt, m.sum = s.fragBuf.cnt[:n], s.fragBuf.sum[:n]
+		} else {
+			m.cnt, m.sum = make([]int, n), make([]float64, n)
+		}
+		s.frag = &m
+		return s.frag
+	}
+	w := s.workload
+	if w == nil {
+		w = DefaultWorkload()
+	}
+	s.frag = newFragModel(w, s.hostFree, s.podHost)
 	return s.frag
+}
+
+// fragCached reports whether the summary's fragmentation figures hold for
+// this call's workload.
+func (s *fitState) fragCached() bool {
+	return s.summary != nil && s.summary.frag != nil && s.workload == s.summary.w
+}
+
+// untouched reports whether the pod holds nothing on gi yet.
+func (s *fitState) untouched(gi int) bool {
+	n := len(s.node.GPUs)
+	for p := range s.ph.count {
+		if s.own[p*n+gi] != (GPUUsage{}) {
+			return false
+		}
+	}
+	return true
 }
 
 func resolve(pod, global Policy) Policy {
@@ -183,6 +228,11 @@ type fitState struct {
 	hostFree *HostResources
 	podHost  HostResources
 	frag     *fragModel
+	// summary, when set, is the summarized node (NodeSummary.Fit): base
+	// came from it, and its figures stand in for measuring the node
+	// without the pod. fragBuf holds frag's counts.
+	summary *NodeSummary
+	fragBuf *fragBuffers
 	// scratch buffers reused across containers.
 	cands []candidate
 	picks []int
@@ -195,6 +245,14 @@ type fitBuffers struct {
 	cands  [16]candidate
 	picks  [16]int
 	masks  [8]uint64
+	frag   fragBuffers
+}
+
+// fragBuffers hold a fragModel's per-shape counts for workloads of up to
+// 16 shapes.
+type fragBuffers struct {
+	cnt [16]int
+	sum [16]float64
 }
 
 type candidate struct {
@@ -211,16 +269,7 @@ func newFitState(req PodRequest, node NodeInventory, usage *NodeUsage) *fitState
 // initFitState returns the state of one Fit call, using buf where it has
 // room. It returns a value so that callers can keep it on their stack.
 func initFitState(req PodRequest, node NodeInventory, usage *NodeUsage, buf *fitBuffers) fitState {
-	g := len(node.GPUs)
-	s := fitState{req: req, node: node}
-	s.ph = newPhases(req.Containers, buf.masks[:0])
-	var usages []GPUUsage
-	if n := g * (1 + s.ph.count); n <= len(buf.usages) {
-		usages = buf.usages[:n]
-	} else {
-		usages = make([]GPUUsage, n)
-	}
-	s.base, s.own = usages[:g:g], usages[g:]
+	s := initFitStateFrom(req, node, nil, 0, buf)
 	for i := range node.GPUs {
 		if node.GPUs[i].Health == Healthy {
 			s.healthy++
@@ -229,8 +278,26 @@ func initFitState(req PodRequest, node NodeInventory, usage *NodeUsage, buf *fit
 			s.base[i] = usage.gpus[node.GPUs[i].UUID]
 		}
 	}
+	return s
+}
+
+// initFitStateFrom is initFitState with the other pods' usage given by GPU
+// position (base, copied; nil means none) and the healthy GPU count.
+func initFitStateFrom(req PodRequest, node NodeInventory, base []GPUUsage, healthy int, buf *fitBuffers) fitState {
+	g := len(node.GPUs)
+	s := fitState{req: req, node: node, healthy: healthy}
+	s.ph = newPhases(req.Containers, buf.masks[:0])
+	var usages []GPUUsage
+	if n := g * (1 + s.ph.count); n <= len(buf.usages) {
+		usages = buf.usages[:n]
+	} else {
+		usages = make([]GPUUsage, n)
+	}
+	s.base, s.own = usages[:g:g], usages[g:]
+	copy(s.base, base)
 	s.cands = buf.cands[:0]
 	s.picks = buf.picks[:0]
+	s.fragBuf = &buf.frag
 	return s
 }
 

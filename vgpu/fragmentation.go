@@ -274,24 +274,42 @@ func usable(t *WorkloadClass, g *GPU, u GPUUsage, split int) bool {
 		u.MemoryMiB+need <= g.SchedulableMemoryMiB && u.CoresPercent+t.CoresPercent <= g.CoresPercent
 }
 
-// stats fills m.cnt and m.sum for the node as s holds it now.
+// stats fills m.cnt and m.sum for the node as s holds it now. GPUs the
+// pod holds nothing on are read from the summary when it measured them
+// for this workload; the sums are taken in GPU order either way, so the
+// result is the same to the bit.
 func (m *fragModel) stats(s *fitState) fragStats {
 	var fs fragStats
 	clear(m.cnt)
 	clear(m.sum)
+	var cached *fragSummary
+	if s.fragCached() {
+		cached = s.summary.frag
+	}
 	for gi := range s.node.GPUs {
 		g := &s.node.GPUs[gi]
 		if g.Health != Healthy {
 			continue
 		}
-		u := s.total(gi)
-		free := 1 - usedShare(g, u, s.node.SplitCount)
+		var u GPUUsage
+		var free float64
+		var mask uint64
+		hasMask := false
+		if cached != nil && (s.baseOnly || s.untouched(gi)) {
+			u, free = s.base[gi], cached.free[gi]
+			if cached.masks != nil {
+				mask, hasMask = cached.masks[gi], true
+			}
+		} else {
+			u = s.total(gi)
+			free = 1 - usedShare(g, u, s.node.SplitCount)
+		}
 		fs.free += free
 		if free <= 0 {
 			continue
 		}
 		for si := range m.w.shapes {
-			if usable(&m.w.shapes[si], g, u, s.node.SplitCount) {
+			if hasMask && mask&(1<<si) != 0 || !hasMask && usable(&m.w.shapes[si], g, u, s.node.SplitCount) {
 				m.cnt[si]++
 				m.sum[si] += free
 			}

@@ -1,0 +1,125 @@
+package vgpu
+
+// NodeSummary is one node laid out for many Fit calls: its inventory, what
+// its pods hold on each GPU in inventory order, and what Fit measures the
+// node by before a pod — its used capacity, and for one Workload its
+// fragmentation and which request shapes each GPU can still take —
+// computed once. Summarize builds it; it is never modified afterwards and
+// is safe for concurrent use.
+//
+// A scheduler that asks about the same node for many pods (the extender's
+// Filter and Prioritize over thousands of nodes) keeps one per node and
+// builds a new one whenever the node's inventory or usage changes; Fit on
+// it then does no map lookup and measures nothing about the node that does
+// not depend on the pod. NodeSummary.Fit gives exactly what Fit gives for
+// the same node: same placement, same figures, bit for bit.
+type NodeSummary struct {
+	inv      NodeInventory
+	hostFree *HostResources
+	// base is what the node's pods hold, by GPU position in inv.GPUs.
+	base    []GPUUsage
+	healthy int
+	// usedBefore is the healthy capacity in use, in GPUs (Placement.UsedBefore).
+	usedBefore float64
+	// largestFreeMiB is the most memory free on one healthy GPU that has
+	// a free slice; untouched counts the healthy GPUs nothing holds.
+	largestFreeMiB int64
+	untouched      int
+	// w is the workload frag was measured against; frag is nil when w is
+	// nil or has no classes.
+	w    *Workload
+	frag *fragSummary
+}
+
+// fragSummary is the node's fragmentation before a pod, for one workload.
+type fragSummary struct {
+	// model is the workload's weights for a pod without host requests;
+	// Fit calls copy it and fill their own cnt and sum.
+	model fragModel
+	// free is each GPU's free capacity (0 for unhealthy GPUs) and masks
+	// each GPU's usable shapes (bit si: shape si can take a slice of it),
+	// by GPU position; masks is nil when the workload has more than 64
+	// shapes.
+	free  []float64
+	masks []uint64
+	// before is the node's fragmentation (Placement.FragmentationBefore).
+	before float64
+}
+
+// Summarize returns the summary of node, measured against w for the
+// fragmentation policy (nil: none; NodeSummary.Fit with another workload
+// still works, measuring the node per call as Fit does). It only reads its
+// arguments.
+func Summarize(node NodeState, w *Workload) *NodeSummary {
+	st := newFitState(PodRequest{}, node.Inventory, node.Usage)
+	base := make([]GPUUsage, len(st.base))
+	copy(base, st.base)
+	s := &NodeSummary{inv: node.Inventory, hostFree: node.HostFree, base: base, healthy: st.healthy, w: w}
+	s.largestFreeMiB = -1
+	for gi := range s.inv.GPUs {
+		g := &s.inv.GPUs[gi]
+		if g.Health != Healthy {
+			continue
+		}
+		u := base[gi]
+		if u == (GPUUsage{}) {
+			s.untouched++
+		}
+		if u.Exclusive == 0 && u.Slices < s.inv.SplitCount {
+			s.largestFreeMiB = max(s.largestFreeMiB, g.SchedulableMemoryMiB-u.MemoryMiB)
+		}
+	}
+	st.baseOnly = true
+	s.usedBefore = st.used()
+	if w == nil || w.total <= 0 {
+		return s
+	}
+	m := newFragModel(w, node.HostFree, HostResources{})
+	f := &fragSummary{free: make([]float64, len(base))}
+	if len(w.shapes) <= 64 {
+		f.masks = make([]uint64, len(base))
+	}
+	for gi := range s.inv.GPUs {
+		g := &s.inv.GPUs[gi]
+		if g.Health != Healthy {
+			continue
+		}
+		f.free[gi] = 1 - usedShare(g, base[gi], s.inv.SplitCount)
+		if f.masks == nil {
+			continue
+		}
+		for si := range w.shapes {
+			if usable(&w.shapes[si], g, base[gi], s.inv.SplitCount) {
+				f.masks[gi] |= 1 << si
+			}
+		}
+	}
+	st.frag = m
+	f.before = m.node(st, false)
+	f.model = fragModel{w: w, weight: m.weight}
+	s.frag = f
+	return s
+}
+
+// Inventory returns the node's inventory; callers must not modify it.
+func (s *NodeSummary) Inventory() NodeInventory { return s.inv }
+
+// LargestFreeMiB is the most memory free on any one healthy GPU that has a
+// free slice, in MiB; -1 when no healthy GPU has one. A slice needing more
+// memory cannot fit the node.
+func (s *NodeSummary) LargestFreeMiB() int64 { return s.largestFreeMiB }
+
+// UntouchedGPUs is how many healthy GPUs hold nothing: at most this many
+// whole-GPU containers fit.
+func (s *NodeSummary) UntouchedGPUs() int { return s.untouched }
+
+// Fit is vgpu.Fit on the summarized node: Fit(pod, NodeState{Inventory,
+// Usage, HostFree of the node summarized}, opts), with the same result.
+// Safe for concurrent use.
+func (s *NodeSummary) Fit(pod PodDemand, opts FitOptions) (Placement, error) {
+	var buf fitBuffers
+	state := initFitStateFrom(pod.Request, s.inv, s.base, s.healthy, &buf)
+	state.hostFree = s.hostFree
+	state.summary = s
+	return fitOn(pod, &state, opts)
+}

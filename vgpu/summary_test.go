@@ -1,0 +1,86 @@
+package vgpu_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// TestSummaryFitEqualsFit fills random nodes with random pods and checks,
+// before every placement, that NodeSummary.Fit gives exactly what Fit
+// gives — placement, every figure to the bit, error — for each policy,
+// with the summary's own workload, another workload, none, and host
+// resources known or not.
+func TestSummaryFitEqualsFit(t *testing.T) {
+	t.Parallel()
+	workloads := []*vgpu.Workload{vgpu.DefaultWorkload(), nil}
+	other := vgpu.DefaultWorkload()
+	for _, seed := range propertySeeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 7))
+			compared, fitted := 0, 0
+			for round := range 30 {
+				node := randomNode(rng)
+				usage := &vgpu.NodeUsage{}
+				var host *vgpu.HostResources
+				if rng.IntN(3) == 0 {
+					host = &vgpu.HostResources{CPUMilli: int64(rng.IntN(16000)), MemoryMiB: int64(rng.IntN(65536))}
+				}
+				w := workloads[rng.IntN(len(workloads))]
+				for range 20 {
+					state := vgpu.NodeState{Inventory: node, Usage: usage, HostFree: host}
+					sum := vgpu.Summarize(state, w)
+					d := randomDemand(rng, node)
+					if rng.IntN(3) == 0 {
+						d.Host = vgpu.HostResources{CPUMilli: int64(rng.IntN(8000)), MemoryMiB: int64(rng.IntN(32768))}
+					}
+					var placed vgpu.Placement
+					for _, ow := range []*vgpu.Workload{w, other} {
+						for _, unscored := range []bool{false, true} {
+							opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyBinpack, Workload: ow, Unscored: unscored}
+							want, wantErr := vgpu.Fit(d, state, opts)
+							got, gotErr := sum.Fit(d, opts)
+							compared++
+							if diff := cmp.Diff(want, got); diff != "" || fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
+								t.Fatalf("round %d: summary differs from Fit (-Fit +summary):\n%s\nerrors %v / %v", round, diff, wantErr, gotErr)
+							}
+							if wantErr == nil && ow == w && !unscored {
+								placed = want
+							}
+						}
+					}
+					if placed.Allocation.Node != "" && len(placed.Allocation.Containers) > 0 {
+						fitted++
+						usage.Add(placed.Allocation, d.Request)
+					}
+				}
+			}
+			if fitted == 0 {
+				t.Errorf("no pod fitted in %d comparisons: the generator is off", compared)
+			}
+		})
+	}
+}
+
+// TestSummaryFigures checks the summary's own figures on a known node.
+func TestSummaryFigures(t *testing.T) {
+	node := vgpu.NodeInventory{Node: "n1", SplitCount: 4, MemoryScaling: 1, GPUs: []vgpu.GPU{
+		{UUID: "GPU-0", Index: 0, TotalMemoryMiB: 16384, SchedulableMemoryMiB: 16384, CoresPercent: 100, Health: vgpu.Healthy},
+		{UUID: "GPU-1", Index: 1, TotalMemoryMiB: 16384, SchedulableMemoryMiB: 16384, CoresPercent: 100, Health: vgpu.Healthy},
+		{UUID: "GPU-2", Index: 2, TotalMemoryMiB: 81920, SchedulableMemoryMiB: 81920, CoresPercent: 100, Health: vgpu.Unhealthy},
+	}}
+	usage := &vgpu.NodeUsage{}
+	usage.Add(vgpu.PodAllocation{Node: "n1", Containers: []vgpu.ContainerAllocation{{Name: "a", GPUs: []vgpu.GPUSlice{{UUID: "GPU-0", MemoryMiB: 4096}}}}}, vgpu.PodRequest{})
+	s := vgpu.Summarize(vgpu.NodeState{Inventory: node, Usage: usage}, nil)
+	if got := s.LargestFreeMiB(); got != 16384 {
+		t.Errorf("LargestFreeMiB = %d, want 16384 (GPU-1; the unhealthy GPU-2 does not count)", got)
+	}
+	if got := s.UntouchedGPUs(); got != 1 {
+		t.Errorf("UntouchedGPUs = %d, want 1", got)
+	}
+}
