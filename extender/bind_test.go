@@ -183,4 +183,3 @@ func TestBindLostReply(t *testing.T) {
 		t.Errorf("n1-GPU-0 holds %d MiB, want 4096", got)
 	}
 }
-

@@ -106,11 +106,11 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	})
 	m := &metrics{
 		bindPodReads: bindPodReads,
-		handler:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
-		retries:   retries,
-		requests:  map[string]*prometheus.CounterVec{},
-		durations: map[string]prometheus.ObserverVec{},
-		binds:     binds,
+		handler:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		retries:      retries,
+		requests:     map[string]*prometheus.CounterVec{},
+		durations:    map[string]prometheus.ObserverVec{},
+		binds:        binds,
 	}
 	for _, verb := range verbs {
 		c, err := requests.CurryWith(prometheus.Labels{"verb": verb})
