@@ -35,15 +35,23 @@ const (
 type FitError struct {
 	// Reason is the cause, for counting.
 	Reason Reason
+	// Container is the position in PodRequest.Containers of the container
+	// that does not fit.
+	Container int
 	// Message says what was needed and what the node has, in words a user
 	// can act on, e.g. "insufficient memory: needs 20480 MiB, largest free
 	// 16384 MiB on GPU-1". It names the container when the pod has more
-	// than one asking for GPUs.
+	// than one asking for GPUs. Empty with FitOptions.ReasonOnly.
 	Message string
 }
 
-// Error returns the message.
-func (e *FitError) Error() string { return e.Message }
+// Error returns the message, or the reason when there is none.
+func (e *FitError) Error() string {
+	if e.Message == "" {
+		return string(e.Reason)
+	}
+	return e.Message
+}
 
 // Fit finds GPUs on node for every container of pod.Request, given what
 // the pods already on the node hold and pod.Constraints. Each container
@@ -85,7 +93,7 @@ func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
 		NodePolicy: resolve(c.NodePolicy, opts.NodePolicy),
 		GPUPolicy:  resolve(c.GPUPolicy, opts.GPUPolicy),
 	}
-	s.workload, s.podHost = opts.Workload, pod.Host
+	s.workload, s.podHost, s.reasonOnly = opts.Workload, pod.Host, opts.ReasonOnly
 	p.HealthyGPUs = s.healthy
 	if len(req.Containers) == 0 {
 		if !opts.Unscored {
@@ -233,6 +241,8 @@ type fitState struct {
 	// without the pod. fragBuf holds frag's counts.
 	summary *NodeSummary
 	fragBuf *fragBuffers
+	// reasonOnly leaves FitError messages empty (FitOptions.ReasonOnly).
+	reasonOnly bool
 	// scratch buffers reused across containers.
 	cands []candidate
 	picks []int

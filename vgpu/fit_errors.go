@@ -15,43 +15,115 @@ type filterCounts struct {
 func (s *fitState) explain(ci int, c Constraints, f filterCounts) error {
 	cr := s.req.Containers[ci]
 	k := cr.GPUs
-	var reason Reason
+	reason := f.reason(k)
+	if s.reasonOnly {
+		return &FitError{Reason: reason, Container: ci}
+	}
 	var msg string
-	switch {
-	case f.healthy < k:
-		reason = ReasonUnhealthy
+	switch reason {
+	case ReasonUnhealthy:
 		switch {
 		case len(s.node.GPUs) == 0:
 			msg = fmt.Sprintf("not enough healthy GPUs: needs %d, node has no GPU", k)
 		default:
 			msg = fmt.Sprintf("not enough healthy GPUs: needs %d, node has %d healthy of %d", k, f.healthy, len(s.node.GPUs))
 		}
-	case f.model < k:
-		reason = ReasonModel
+	case ReasonModel:
 		want := modelFilter(c)
 		if f.model == 0 {
 			msg = fmt.Sprintf("no GPU of model %s (node has: %s)", want, s.models())
 		} else {
 			msg = fmt.Sprintf("not enough GPUs of model %s: needs %d, node has %d (node has: %s)", want, k, f.model, s.models())
 		}
-	case f.uuid < k:
-		reason = ReasonUUID
+	case ReasonUUID:
 		msg = fmt.Sprintf("not enough GPUs pass the UUID filter (%s): needs %d, %d of %d healthy GPUs pass", uuidFilter(c), k, f.uuid, f.model)
-	case f.slices < k:
-		reason = ReasonNoFreeSlice
+	case ReasonNoFreeSlice:
 		if cr.Exclusive {
 			msg = fmt.Sprintf("no free slice: needs %s untouched for whole-GPU use, %d %s", gpus(k), f.slices, isAre(f.slices))
 		} else {
 			msg = fmt.Sprintf("no free slice: needs a free slice on %s, %d of %d %s one (at most %d slices per GPU)", gpus(k), f.slices, f.uuid, hasHave(f.uuid), s.node.SplitCount)
 		}
-	case f.memory < k:
-		reason = ReasonInsufficientMemory
+	case ReasonInsufficientMemory:
 		msg = s.memoryMessage(ci, c, k, f.memory)
 	default:
-		reason = ReasonInsufficientCores
 		msg = s.coresMessage(ci, c, k, len(s.cands))
 	}
-	return &FitError{Reason: reason, Message: s.prefix(ci) + msg}
+	return &FitError{Reason: reason, Container: ci, Message: s.prefix(ci) + msg}
+}
+
+// reason is the Reason of a container needing k GPUs that f left too few
+// of: the first filter that did.
+func (f filterCounts) reason(k int) Reason {
+	switch {
+	case f.healthy < k:
+		return ReasonUnhealthy
+	case f.model < k:
+		return ReasonModel
+	case f.uuid < k:
+		return ReasonUUID
+	case f.slices < k:
+		return ReasonNoFreeSlice
+	case f.memory < k:
+		return ReasonInsufficientMemory
+	}
+	return ReasonInsufficientCores
+}
+
+// NeedMessage says what container fe.Container of the pod needs that a
+// node failing with fe.Reason lacks, in words that do not depend on the
+// node ("insufficient memory: needs 8192 MiB on 1 GPU"), so that a
+// scheduler that counts equal messages together shows one line per
+// reason however many nodes fail. It names the container when the pod has
+// more than one. Pure.
+func NeedMessage(pod PodDemand, fe *FitError) string {
+	cs := pod.Request.Containers
+	if fe.Container < 0 || fe.Container >= len(cs) {
+		return string(fe.Reason)
+	}
+	cr, c := cs[fe.Container], pod.Constraints
+	k := cr.GPUs
+	var msg string
+	switch fe.Reason {
+	case ReasonUnhealthy:
+		msg = fmt.Sprintf("not enough healthy GPUs: needs %d", k)
+	case ReasonModel:
+		msg = fmt.Sprintf("not enough GPUs of model %s: needs %d", modelFilter(c), k)
+	case ReasonUUID:
+		msg = fmt.Sprintf("not enough GPUs pass the UUID filter (%s): needs %d", uuidFilter(c), k)
+	case ReasonNoFreeSlice:
+		if cr.Exclusive {
+			msg = fmt.Sprintf("no free slice: needs %s untouched for whole-GPU use", gpus(k))
+		} else {
+			msg = fmt.Sprintf("no free slice: needs a free slice on %s", gpus(k))
+		}
+	case ReasonInsufficientMemory:
+		need := fmt.Sprintf("%d MiB", cr.MemoryMiB)
+		if cr.MemoryMiB == 0 {
+			need = fmt.Sprintf("%d%% of GPU memory", cr.MemoryPercent)
+		}
+		msg = fmt.Sprintf("insufficient memory: needs %s on %s", need, each(k))
+	case ReasonInsufficientCores:
+		msg = fmt.Sprintf("insufficient cores: needs %d%% on %s", cr.CoresPercent, each(k))
+	case ReasonNUMA:
+		msg = fmt.Sprintf("no NUMA node has %d fitting GPUs for hami.io/numa-bind", k)
+	default:
+		msg = string(fe.Reason)
+	}
+	if len(cs) < 2 {
+		return msg
+	}
+	if cr.Init {
+		return fmt.Sprintf("init container %q: ", cr.Name) + msg
+	}
+	return fmt.Sprintf("container %q: ", cr.Name) + msg
+}
+
+// each is "1 GPU" or "each of n GPUs".
+func each(n int) string {
+	if n == 1 {
+		return "1 GPU"
+	}
+	return fmt.Sprintf("each of %d GPUs", n)
 }
 
 func (s *fitState) memoryMessage(ci int, c Constraints, k, fitting int) string {
@@ -118,6 +190,9 @@ func (s *fitState) eachSliceable(ci int, c Constraints, fn func(gi int, memOK, c
 }
 
 func (s *fitState) numaError(ci int) error {
+	if s.reasonOnly {
+		return &FitError{Reason: ReasonNUMA, Container: ci}
+	}
 	counts := map[int]int{}
 	var order []int
 	for _, cd := range s.cands {
@@ -132,7 +207,7 @@ func (s *fitState) numaError(ci int) error {
 		parts = append(parts, fmt.Sprintf("%d: %d", n, counts[n]))
 	}
 	k := s.req.Containers[ci].GPUs
-	return &FitError{Reason: ReasonNUMA, Message: s.prefix(ci) + fmt.Sprintf(
+	return &FitError{Reason: ReasonNUMA, Container: ci, Message: s.prefix(ci) + fmt.Sprintf(
 		"no NUMA node has %d fitting GPUs for hami.io/numa-bind (fitting GPUs per NUMA node: %s)", k, strings.Join(parts, ", "))}
 }
 

@@ -2,6 +2,7 @@ package vgpu_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -109,7 +110,7 @@ func TestFitErrors(t *testing.T) {
 		name: "second container names itself",
 		pod:  vgputest.Pod("p").Container("a").MemoryMiB(10240).Container("b").MemoryMiB(10240),
 		node: vgputest.Node("n1").GPU("GPU-0", 16384).Obj(),
-		want: &vgpu.FitError{Reason: vgpu.ReasonInsufficientMemory, Message: `container "b": insufficient memory: needs 10240 MiB, largest free 6144 MiB on GPU-0`},
+		want: &vgpu.FitError{Reason: vgpu.ReasonInsufficientMemory, Container: 1, Message: `container "b": insufficient memory: needs 10240 MiB, largest free 6144 MiB on GPU-0`},
 	}, {
 		name:  "regular init container alone does not fit",
 		pod:   vgputest.Pod("p").InitContainer("warm").GPU(1).Container("main").MemoryMiB(1024),
@@ -133,6 +134,17 @@ func TestFitErrors(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("Fit() error mismatch (-want +got):\n%s", diff)
+			}
+			// ReasonOnly: the same reason and container, no message; the
+			// need message names no GPU of the node.
+			d := vgpu.PodDemand{Request: tt.pod.PodRequest(), Constraints: c}
+			_, err = vgpu.Fit(d, vgpu.NodeState{Inventory: tt.node, Usage: tt.usage}, vgpu.FitOptions{ReasonOnly: true})
+			var short *vgpu.FitError
+			if !errors.As(err, &short) || short.Reason != tt.want.Reason || short.Container != tt.want.Container || short.Message != "" {
+				t.Errorf("Fit(ReasonOnly) error = %#v, want reason %s, container %d, no message", err, tt.want.Reason, tt.want.Container)
+			}
+			if msg := vgpu.NeedMessage(d, got); msg == "" || strings.Contains(msg, "largest free") || strings.Contains(msg, "node has: ") || strings.Contains(msg, "healthy of") {
+				t.Errorf("NeedMessage = %q, want what the pod needs without the node's details", msg)
 			}
 		})
 	}

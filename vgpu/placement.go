@@ -51,6 +51,12 @@ type FitOptions struct {
 	// only Score reads, zero: for callers that need only whether and where
 	// the pod fits (a filter, a bind), it saves measuring the node twice.
 	Unscored bool
+	// ReasonOnly leaves the Message of a FitError empty: Reason and
+	// Container say why, and NeedMessage gives words that are the same for
+	// every node the pod fails on for that reason. For callers that judge
+	// many nodes and report reasons, not per-node details (a filter), it
+	// saves formatting a message per node.
+	ReasonOnly bool
 }
 
 // Placement is a pod's place on one node, as Fit found it, with what Score
