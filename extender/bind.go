@@ -106,6 +106,7 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	if err != nil {
 		return "", err
 	}
+	d.forBind = true
 	if !d.wantsGPU() {
 		return "", s.postBinding(ctx, pod, args.Node, "")
 	}

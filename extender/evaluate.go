@@ -62,9 +62,13 @@ const (
 type demand struct {
 	uid types.UID
 	pod vgpu.PodDemand
-	// scored asks for the figures vgpu.Score needs (Prioritize); Filter
-	// and Bind need only the fit.
-	scored bool
+	// key identifies the pod's request and constraints: pods with equal
+	// keys get equal verdicts on a node in one state (verdictCache).
+	key string
+	// forBind asks for the placement itself and a message that names the
+	// node's GPUs (Bind); Filter and Prioritize need the verdict, the
+	// score and a reason only, and share cached verdicts.
+	forBind bool
 }
 
 // wantsGPU reports whether the pod asks for any GPU; pods that do not fit
@@ -82,17 +86,23 @@ func demandOf(pod *corev1.Pod) (demand, error) {
 	if err != nil {
 		return demand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
 	}
-	return demand{uid: pod.UID, pod: vgpu.PodDemand{Request: req, Constraints: c}}, nil
+	d := vgpu.PodDemand{Request: req, Constraints: c}
+	return demand{uid: pod.UID, pod: d, key: fmt.Sprintf("%+v", d)}, nil
 }
 
 // verdict is the outcome for one node.
 type verdict struct {
-	// fits is true when the pod fits; placement is then set.
+	// fits is true when the pod fits; score is then its node score scaled
+	// to kube-scheduler's range, and, for a bind, placement is set.
 	fits      bool
+	score     int64
 	placement vgpu.Placement
-	// reason and message say why not.
-	reason  vgpu.Reason
-	message string
+	// reason and message say why not. message is empty for a Fit reason
+	// found without one (vgpu.FitOptions.ReasonOnly); container then names
+	// the container that does not fit, for vgpu.NeedMessage.
+	reason    vgpu.Reason
+	message   string
+	container int
 	// unresolvable is true when evicting pods cannot make the pod fit.
 	unresolvable bool
 }
@@ -104,6 +114,11 @@ func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any)
 // evaluateLocked decides whether d fits node name now. Callers hold
 // st.mu (read or write). Messages do not name the node: kube-scheduler
 // counts equal messages together in the pod's FailedScheduling event.
+//
+// Filter and Prioritize verdicts come from the node's summary and are
+// remembered per pod shape until the node changes, so Prioritize reuses
+// what Filter found and the pods of a burst, which mostly share a shape,
+// are judged once per node change rather than once per pod.
 func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdict {
 	st := s.state
 	n := st.nodes[name]
@@ -113,27 +128,89 @@ func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdic
 	if v, ok := s.readinessLocked(n, now); !ok {
 		return v
 	}
-	usage := &n.usage
+	opts := s.fitOptions
+	opts.Unscored, opts.ReasonOnly = d.forBind, !d.forBind
 	if e := st.pods[d.uid]; e != nil && e.node == name {
 		// A pod's own earlier usage does not count against itself.
-		usage = n.usage.Clone()
+		usage := n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
+		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, opts))
 	}
-	opts := s.fitOptions
-	opts.Unscored = !d.scored
-	p, err := vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, opts)
-	if err != nil {
-		var fe *vgpu.FitError
-		if !errors.As(err, &fe) {
-			return rejected("", false, "%s", err.Error())
-		}
-		switch fe.Reason {
-		case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
-			return verdict{reason: fe.Reason, message: fe.Message, unresolvable: true}
-		}
-		return verdict{reason: fe.Reason, message: fe.Message}
+	if d.forBind {
+		return toVerdict(n.summary.Fit(d.pod, opts))
 	}
-	return verdict{fits: true, placement: p}
+	if v, ok := n.verdicts.get(d.key, n.gen); ok {
+		return v
+	}
+	// Only a bind needs the allocation, and binds fit afresh.
+	opts.NoAllocation = true
+	v := toVerdict(n.summary.Fit(d.pod, opts))
+	v.placement = vgpu.Placement{}
+	n.verdicts.put(d.key, n.gen, v)
+	return v
+}
+
+// toVerdict turns Fit's answer into a verdict; a fitting scored placement
+// gets its scaled score.
+func toVerdict(p vgpu.Placement, err error) verdict {
+	if err == nil {
+		return verdict{fits: true, placement: p, score: scaleScore(vgpu.Score(p).Value)}
+	}
+	var fe *vgpu.FitError
+	if !errors.As(err, &fe) {
+		return rejected("", false, "%s", err.Error())
+	}
+	v := verdict{reason: fe.Reason, message: fe.Message, container: fe.Container}
+	switch fe.Reason {
+	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
+		v.unresolvable = true
+	}
+	return v
+}
+
+// verdictSlots is how many pod shapes a node remembers verdicts for.
+const verdictSlots = 8
+
+// verdictCache is a node's latest verdicts for a few pod shapes, each
+// valid for one generation of the node. Safe for concurrent use: Filter's
+// workers read and fill it under the state's read lock.
+type verdictCache struct {
+	mu      sync.Mutex
+	entries [verdictSlots]cachedVerdict
+	next    int
+}
+
+type cachedVerdict struct {
+	key string
+	gen uint64
+	v   verdict
+}
+
+// get returns the verdict for key at generation gen, if remembered.
+func (c *verdictCache) get(key string, gen uint64) (verdict, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.entries {
+		if e := &c.entries[i]; e.gen == gen && e.key == key {
+			return e.v, true
+		}
+	}
+	return verdict{}, false
+}
+
+// put remembers v for key at gen, replacing that key's older verdict or
+// else the oldest entry.
+func (c *verdictCache) put(key string, gen uint64, v verdict) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.entries {
+		if c.entries[i].key == key {
+			c.entries[i] = cachedVerdict{key: key, gen: gen, v: v}
+			return
+		}
+	}
+	c.entries[c.next] = cachedVerdict{key: key, gen: gen, v: v}
+	c.next = (c.next + 1) % verdictSlots
 }
 
 // readinessLocked reports whether the device plugin serves node n: an

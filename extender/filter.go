@@ -86,18 +86,29 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	passed := make([]string, 0, len(names))
 	var items []corev1.Node
 	counts := map[vgpu.Reason]int64{}
+	needs := map[needKey]string{}
 	for i, v := range verdicts {
-		switch {
-		case v.fits:
+		if v.fits {
 			passed = append(passed, names[i])
 			if args.NodeNames == nil {
 				items = append(items, args.Nodes.Items[i])
 			}
 			continue
-		case v.unresolvable:
-			result.FailedAndUnresolvableNodes[names[i]] = v.message
-		default:
-			result.FailedNodes[names[i]] = v.message
+		}
+		msg := v.message
+		if msg == "" {
+			// One message per reason and container, the same on every
+			// node, so kube-scheduler's event counts them together.
+			k := needKey{v.reason, v.container}
+			if msg = needs[k]; msg == "" {
+				msg = vgpu.NeedMessage(d.pod, &vgpu.FitError{Reason: v.reason, Container: v.container})
+				needs[k] = msg
+			}
+		}
+		if v.unresolvable {
+			result.FailedAndUnresolvableNodes[names[i]] = msg
+		} else {
+			result.FailedNodes[names[i]] = msg
 		}
 		counts[v.reason]++
 	}
@@ -142,14 +153,20 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	if err != nil || !d.wantsGPU() || !s.Ready() {
 		return list, nil
 	}
-	d.scored = true
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
-			list[i].Score = scaleScore(vgpu.Score(v.placement).Value)
+			list[i].Score = v.score
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
 	return list, nil
+}
+
+// needKey names a reason-only Fit verdict's message: the reason and the
+// container.
+type needKey struct {
+	reason    vgpu.Reason
+	container int
 }
 
 // scaleScore maps 0..vgpu.MaxScore onto 0..extenderv1.MaxExtenderPriority,

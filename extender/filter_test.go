@@ -163,7 +163,24 @@ func fitMessage(t *testing.T, pod *corev1.Pod, inv *vgpu.NodeInventory, usage *v
 	return fe.Message
 }
 
-// TestFilterFitRejection checks that vgpu.Fit's message reaches the answer,
+// needMessage returns vgpu.NeedMessage for the reason pod does not fit inv
+// holding usage: what Filter answers for that node.
+func needMessage(t *testing.T, pod *corev1.Pod, inv *vgpu.NodeInventory, usage *vgpu.NodeUsage) string {
+	t.Helper()
+	d, err := demandOf(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = vgpu.Fit(d.pod, vgpu.NodeState{Inventory: *inv, Usage: usage}, vgpu.FitOptions{ReasonOnly: true})
+	var fe *vgpu.FitError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Fit: %v, want a *vgpu.FitError", err)
+	}
+	return vgpu.NeedMessage(d.pod, fe)
+}
+
+// TestFilterFitRejection checks that the reason vgpu.Fit finds reaches the
+// answer as vgpu.NeedMessage (equal on every node that fails alike),
 // in FailedNodes for capacity and FailedAndUnresolvableNodes for a model
 // mismatch, and that a pod's own usage does not count against it.
 func TestFilterFitRejection(t *testing.T) {
@@ -177,7 +194,7 @@ func TestFilterFitRejection(t *testing.T) {
 	pod := slicePod("p", 8192)
 	want := extenderv1.ExtenderFilterResult{
 		NodeNames:                  &[]string{"free"},
-		FailedNodes:                extenderv1.FailedNodesMap{"full": fitMessage(t, pod, full, vgputest.Usage(holder))},
+		FailedNodes:                extenderv1.FailedNodesMap{"full": needMessage(t, pod, full, vgputest.Usage(holder))},
 		FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
 	}
 	if diff := cmp.Diff(want, e.filter(pod, "full", "free")); diff != "" {

@@ -84,7 +84,7 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		fitOptions: vgpu.FitOptions{
 			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
 		},
-		state: newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration),
+		state: newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
 		binds: bindGate{max: int64(cfg.pendingBinds())},
 	}
 	m, err := newMetrics(s, opts.Registry)

@@ -41,6 +41,8 @@ type clusterState struct {
 	retries         *retries
 	now             func() time.Time
 	heartbeatMaxAge time.Duration
+	// workload is what node summaries measure fragmentation against.
+	workload *vgpu.Workload
 }
 
 // nodeState is one node as the extender sees it.
@@ -61,9 +63,15 @@ type nodeState struct {
 	unready *verdict
 	// usage is what the counted pods (bound and reserved) hold.
 	usage vgpu.NodeUsage
-	// gen changes whenever usage changes, so a bind can tell whether what
-	// it checked under the read lock is still current.
+	// summary is inventory and usage laid out for Fit, rebuilt whenever
+	// either changes (refreshLocked).
+	summary *vgpu.NodeSummary
+	// gen changes whenever usage or inventory changes, so a bind can tell
+	// whether what it checked under the read lock is still current, and
+	// verdicts can tell whether they still hold.
 	gen uint64
+	// verdicts remembers the latest Fit verdicts for a few pod shapes.
+	verdicts verdictCache
 }
 
 // podEntry is one pod counted in a node's usage.
@@ -90,9 +98,11 @@ type leaseState struct {
 }
 
 // newClusterState returns an empty state judging allocatable resourceName,
-// timing changes by now and heartbeat gaps against heartbeatMaxAge.
-func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration) *clusterState {
+// timing changes by now and heartbeat gaps against heartbeatMaxAge, and
+// summarizing nodes for workload.
+func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration, workload *vgpu.Workload) *clusterState {
 	return &clusterState{
+		workload:        workload,
 		resourceName:    resourceName,
 		nodes:           map[string]*nodeState{},
 		pods:            map[types.UID]*podEntry{},
@@ -134,6 +144,9 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 		}
 		n.rawInventory, n.inventory, n.inventoryErr = raw, inv, err
 	}
+	if n.summary == nil || n.rawInventory != oldInventory {
+		st.refreshLocked(n)
+	}
 	label, hasLabel := node.Labels[vgpu.LabelGPUReady]
 	var allocatable int64
 	if q, ok := node.Status.Allocatable[st.resourceName]; ok {
@@ -169,6 +182,7 @@ func (st *clusterState) deleteNode(name string) {
 	}
 	n.known = false
 	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
+	st.refreshLocked(n)
 	n.unready = nodeUnready(errNoInventory, "", false, 0, st.resourceName)
 }
 
@@ -302,7 +316,7 @@ func (st *clusterState) deletePod(uid types.UID) {
 func (st *clusterState) addLocked(e *podEntry) {
 	n := st.nodeLocked(e.node)
 	n.usage.Add(e.alloc, e.req)
-	n.gen++
+	st.refreshLocked(n)
 	st.pods[e.uid] = e
 }
 
@@ -314,7 +328,7 @@ func (st *clusterState) removeLocked(e *podEntry) {
 	}
 	n := st.nodes[e.node]
 	n.usage.Remove(e.alloc, e.req)
-	n.gen++
+	st.refreshLocked(n)
 	delete(st.pods, e.uid)
 	st.changedLocked()
 }
@@ -329,6 +343,13 @@ func (st *clusterState) release(e *podEntry) bool {
 	}
 	st.removeLocked(e)
 	return true
+}
+
+// refreshLocked records that n's inventory or usage changed: a new
+// generation and summary. Callers hold the write lock.
+func (st *clusterState) refreshLocked(n *nodeState) {
+	n.gen++
+	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage}, st.workload)
 }
 
 // usageOf returns a copy of node's usage, for tests and debugging.

@@ -230,5 +230,5 @@ func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
 
 // testState is an empty state as New makes it, on the fixed test time.
 func testState() *clusterState {
-	return newClusterState(vgpu.ResourceGPU, func() time.Time { return now }, DefaultHeartbeatMaxAge)
+	return newClusterState(vgpu.ResourceGPU, func() time.Time { return now }, DefaultHeartbeatMaxAge, vgpu.DefaultWorkload())
 }

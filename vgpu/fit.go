@@ -80,20 +80,23 @@ func (e *FitError) Error() string {
 func Fit(pod PodDemand, node NodeState, opts FitOptions) (Placement, error) {
 	var buf fitBuffers
 	state := initFitState(pod.Request, node.Inventory, node.Usage, &buf)
-	state.hostFree = node.HostFree
-	return fitOn(pod, &state, opts)
+	env := fitEnv{hostFree: node.HostFree}
+	state.env = &env
+	return fitOn(pod, &state, node.Inventory.Node, opts)
 }
 
-// fitOn is Fit on the node of s, which holds what other pods hold there
-// (and, from NodeSummary.Fit, the summary's figures).
-func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
+// fitOn is Fit on the node of s, named node, which holds what other pods
+// hold there (and, from NodeSummary.Fit, the summary's figures). The name
+// comes apart from s so that the result points to nothing s does, and the
+// buffers s uses can stay on the caller's stack.
+func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement, error) {
 	req, c := pod.Request, pod.Constraints
 	p := Placement{
-		Allocation: PodAllocation{Node: s.node.Node},
+		Allocation: PodAllocation{Node: node},
 		NodePolicy: resolve(c.NodePolicy, opts.NodePolicy),
 		GPUPolicy:  resolve(c.GPUPolicy, opts.GPUPolicy),
 	}
-	s.workload, s.podHost, s.reasonOnly = opts.Workload, pod.Host, opts.ReasonOnly
+	s.env.workload, s.podHost, s.reasonOnly = opts.Workload, pod.Host, opts.ReasonOnly
 	p.HealthyGPUs = s.healthy
 	if len(req.Containers) == 0 {
 		if !opts.Unscored {
@@ -101,10 +104,12 @@ func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
 		}
 		return p, nil
 	}
-	var chosenBuf [8][]int
+	// chosen[ci] is where container ci's GPUs are in s.picks: positions,
+	// not slices, so that nothing here points into the buffers.
+	var chosenBuf [8]span
 	chosen := chosenBuf[:0]
 	if len(req.Containers) > len(chosenBuf) {
-		chosen = make([][]int, 0, len(req.Containers))
+		chosen = make([]span, 0, len(req.Containers))
 	}
 	chosen = chosen[:len(req.Containers)]
 	// Sidecars and app containers first, then regular init containers.
@@ -114,23 +119,30 @@ func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
 			if s.ph.in(ci, app) != appPhase {
 				continue
 			}
-			gpus, err := s.choose(ci, c, p.GPUPolicy)
-			if err != nil {
+			from := len(s.picks)
+			if err := s.choose(ci, c, p.GPUPolicy); err != nil {
 				return Placement{}, err
 			}
-			chosen[ci] = gpus
+			chosen[ci] = span{from, len(s.picks)}
 		}
 	}
+	if opts.NoAllocation {
+		if !opts.Unscored {
+			s.measure(&p)
+		}
+		return p, nil
+	}
 	slicesTotal := 0
-	for _, g := range chosen {
-		slicesTotal += len(g)
+	for _, sp := range chosen {
+		slicesTotal += sp.to - sp.from
 	}
 	all := make([]GPUSlice, slicesTotal)
 	p.Allocation.Containers = make([]ContainerAllocation, len(req.Containers))
 	for ci, cr := range req.Containers {
-		ca := ContainerAllocation{Name: cr.Name, Init: cr.Init, GPUs: all[:len(chosen[ci]):len(chosen[ci])]}
-		all = all[len(chosen[ci]):]
-		for k, gi := range chosen[ci] {
+		gpus := s.picks[chosen[ci].from:chosen[ci].to]
+		ca := ContainerAllocation{Name: cr.Name, Init: cr.Init, GPUs: all[:len(gpus):len(gpus)]}
+		all = all[len(gpus):]
+		for k, gi := range gpus {
 			use := s.need(ci, gi)
 			ca.GPUs[k] = GPUSlice{UUID: s.node.GPUs[gi].UUID, MemoryMiB: use.MemoryMiB, CoresPercent: use.CoresPercent}
 		}
@@ -142,6 +154,9 @@ func fitOn(pod PodDemand, s *fitState, opts FitOptions) (Placement, error) {
 	return p, nil
 }
 
+// span is a range of positions in a slice, from included, to excluded.
+type span struct{ from, to int }
+
 // measure fills p's Used and Fragmentation figures from the node without
 // and with the pod. It runs only once the pod fits, so nodes that reject it
 // cost no more than the filters.
@@ -150,15 +165,15 @@ func (s *fitState) measure(p *Placement) {
 	if p.NodePolicy == PolicyFragmentation {
 		p.FragmentationAfter = s.fragModel().node(s, true)
 	}
-	if s.summary != nil {
-		p.UsedBefore = s.summary.usedBefore
+	if s.env.summary != nil {
+		p.UsedBefore = s.env.summary.usedBefore
 		if p.NodePolicy == PolicyFragmentation && s.fragCached() {
-			p.FragmentationBefore = s.summary.frag.before
+			p.FragmentationBefore = s.env.summary.frag.before
 			return
 		}
 	}
 	s.baseOnly = true
-	if s.summary == nil {
+	if s.env.summary == nil {
 		p.UsedBefore = s.used()
 	}
 	if p.NodePolicy == PolicyFragmentation {
@@ -171,32 +186,32 @@ func (s *fitState) measure(p *Placement) {
 // use: from the summary's weights when they hold for this call (same
 // workload, a pod without host requests), else anew.
 func (s *fitState) fragModel() *fragModel {
-	if s.frag != nil {
-		return s.frag
+	if s.env.frag != nil {
+		return s.env.frag
 	}
 	if s.fragCached() && s.podHost == (HostResources{}) {
-		m := s.summary.frag.model
+		m := &fragModel{w: s.env.summary.frag.model.w, weight: s.env.summary.frag.model.weight}
 		n := len(m.w.shapes)
-		if n <= len(s.fragBuf.cnt) {
-			m.cnt, m.sum = s.fragBuf.cnt[:n], s.fragBuf.sum[:n]
+		if n <= len(m.cntBuf) {
+			m.cnt, m.sum = m.cntBuf[:n], m.sumBuf[:n]
 		} else {
 			m.cnt, m.sum = make([]int, n), make([]float64, n)
 		}
-		s.frag = &m
-		return s.frag
+		s.env.frag = m
+		return s.env.frag
 	}
-	w := s.workload
+	w := s.env.workload
 	if w == nil {
 		w = DefaultWorkload()
 	}
-	s.frag = newFragModel(w, s.hostFree, s.podHost)
-	return s.frag
+	s.env.frag = newFragModel(w, s.env.hostFree, s.podHost)
+	return s.env.frag
 }
 
 // fragCached reports whether the summary's fragmentation figures hold for
 // this call's workload.
 func (s *fitState) fragCached() bool {
-	return s.summary != nil && s.summary.frag != nil && s.workload == s.summary.w
+	return s.env.summary != nil && s.env.summary.frag != nil && s.env.workload == s.env.summary.w
 }
 
 // untouched reports whether the pod holds nothing on gi yet.
@@ -231,21 +246,30 @@ type fitState struct {
 	healthy int
 	// baseOnly makes total ignore the pod, to measure the node before it.
 	baseOnly bool
-	// workload, hostFree and podHost feed frag, built on first use.
-	workload *Workload
-	hostFree *HostResources
-	podHost  HostResources
-	frag     *fragModel
-	// summary, when set, is the summarized node (NodeSummary.Fit): base
-	// came from it, and its figures stand in for measuring the node
-	// without the pod. fragBuf holds frag's counts.
-	summary *NodeSummary
-	fragBuf *fragBuffers
+	// env holds what the call points to outside its buffers; podHost
+	// feeds env.frag.
+	env     *fitEnv
+	podHost HostResources
 	// reasonOnly leaves FitError messages empty (FitOptions.ReasonOnly).
 	reasonOnly bool
 	// scratch buffers reused across containers.
 	cands []candidate
 	picks []int
+}
+
+// fitEnv is what a Fit call points to besides its buffers, kept apart so
+// that the buffers can stay on the caller's stack: the fragmentation model
+// goes to the heap, and whatever the state points to directly would go
+// with it.
+type fitEnv struct {
+	// workload and hostFree feed frag, built on first use.
+	workload *Workload
+	hostFree *HostResources
+	frag     *fragModel
+	// summary, when set, is the summarized node (NodeSummary.Fit): base
+	// came from it, and its figures stand in for measuring the node
+	// without the pod.
+	summary *NodeSummary
 }
 
 // fitBuffers is storage a caller may keep on its stack so that small nodes
@@ -255,14 +279,6 @@ type fitBuffers struct {
 	cands  [16]candidate
 	picks  [16]int
 	masks  [8]uint64
-	frag   fragBuffers
-}
-
-// fragBuffers hold a fragModel's per-shape counts for workloads of up to
-// 16 shapes.
-type fragBuffers struct {
-	cnt [16]int
-	sum [16]float64
 }
 
 type candidate struct {
@@ -273,6 +289,7 @@ type candidate struct {
 
 func newFitState(req PodRequest, node NodeInventory, usage *NodeUsage) *fitState {
 	s := initFitState(req, node, usage, &fitBuffers{})
+	s.env = &fitEnv{}
 	return &s
 }
 
@@ -305,9 +322,23 @@ func initFitStateFrom(req PodRequest, node NodeInventory, base []GPUUsage, healt
 	}
 	s.base, s.own = usages[:g:g], usages[g:]
 	copy(s.base, base)
-	s.cands = buf.cands[:0]
-	s.picks = buf.picks[:0]
-	s.fragBuf = &buf.frag
+	// Both are filled by reslicing within capacity, never by append, so
+	// that buf can stay on the caller's stack: at most one candidate per
+	// GPU, at most the pod's GPUs picked.
+	if g <= len(buf.cands) {
+		s.cands = buf.cands[:0]
+	} else {
+		s.cands = make([]candidate, 0, g)
+	}
+	picks := 0
+	for _, c := range req.Containers {
+		picks += max(c.GPUs, 0)
+	}
+	if picks <= len(buf.picks) {
+		s.picks = buf.picks[:0]
+	} else {
+		s.picks = make([]int, 0, picks)
+	}
 	return s
 }
 
@@ -399,8 +430,9 @@ func usedShare(g *GPU, u GPUUsage, split int) float64 {
 	return min(share, 1)
 }
 
-// choose picks the GPUs of container ci and records them in s.own.
-func (s *fitState) choose(ci int, c Constraints, policy Policy) ([]int, error) {
+// choose picks the GPUs of container ci, appends them to s.picks and
+// records them in s.own.
+func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
 	cr := s.req.Containers[ci]
 	k := cr.GPUs
 	f := filterCounts{}
@@ -432,15 +464,16 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) ([]int, error) {
 		if !coresOK {
 			continue
 		}
-		s.cands = append(s.cands, candidate{gi: gi})
+		s.cands = s.cands[:len(s.cands)+1]
+		s.cands[len(s.cands)-1] = candidate{gi: gi}
 	}
 	if len(s.cands) < k {
-		return nil, s.explain(ci, c, f)
+		return s.explain(ci, c, f)
 	}
 	s.rank(ci, policy)
 	picked := s.pick(k, c.NUMABind)
 	if picked == nil {
-		return nil, s.numaError(ci)
+		return s.numaError(ci)
 	}
 	n := len(s.node.GPUs)
 	for _, gi := range picked {
@@ -451,7 +484,7 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) ([]int, error) {
 			}
 		}
 	}
-	return picked, nil
+	return nil
 }
 
 // rank orders s.cands best first under policy; ties go to the lower index.
@@ -468,7 +501,7 @@ func (s *fitState) rank(ci int, policy Policy) {
 			cd.key = cd.used
 		case PolicyFragmentation:
 			after := s.base[cd.gi].add(s.peak(cd.gi, ci, s.need(ci, cd.gi)), 1)
-			cd.key = s.frag.delta(s, cd.gi, before, after)
+			cd.key = s.env.frag.delta(s, cd.gi, before, after)
 		default:
 			cd.key = -cd.used
 		}
@@ -488,6 +521,13 @@ func (s *fitState) rank(ci int, policy Policy) {
 	})
 }
 
+// pushPick appends gi to s.picks within its capacity (see
+// initFitStateFrom).
+func (s *fitState) pushPick(gi int) {
+	s.picks = s.picks[:len(s.picks)+1]
+	s.picks[len(s.picks)-1] = gi
+}
+
 // pick returns the first k ranked candidates; with numa, the first k of
 // the NUMA node of the best-ranked GPU whose NUMA node has k candidates,
 // or nil when none has.
@@ -495,7 +535,7 @@ func (s *fitState) pick(k int, numa bool) []int {
 	start := len(s.picks)
 	if !numa || k == 1 {
 		for _, cd := range s.cands[:k] {
-			s.picks = append(s.picks, cd.gi)
+			s.pushPick(cd.gi)
 		}
 		return s.picks[start:]
 	}
@@ -504,7 +544,7 @@ func (s *fitState) pick(k int, numa bool) []int {
 		s.picks = s.picks[:start]
 		for _, cd := range s.cands {
 			if s.node.GPUs[cd.gi].NUMANode == node {
-				s.picks = append(s.picks, cd.gi)
+				s.pushPick(cd.gi)
 				if len(s.picks)-start == k {
 					return s.picks[start:]
 				}

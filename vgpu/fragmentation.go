@@ -199,6 +199,10 @@ type fragModel struct {
 	cnt    []int
 	sum    []float64
 	weight [2][]float64
+	// cntBuf and sumBuf hold cnt and sum for workloads of up to 16
+	// shapes, when the model is built from a NodeSummary's weights.
+	cntBuf [16]int
+	sumBuf [16]float64
 }
 
 // fragStats is what stats found besides cnt and sum: the node's free
@@ -284,7 +288,7 @@ func (m *fragModel) stats(s *fitState) fragStats {
 	clear(m.sum)
 	var cached *fragSummary
 	if s.fragCached() {
-		cached = s.summary.frag
+		cached = s.env.summary.frag
 	}
 	for gi := range s.node.GPUs {
 		g := &s.node.GPUs[gi]

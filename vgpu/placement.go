@@ -57,6 +57,11 @@ type FitOptions struct {
 	// many nodes and report reasons, not per-node details (a filter), it
 	// saves formatting a message per node.
 	ReasonOnly bool
+	// NoAllocation leaves Placement.Allocation without containers when the
+	// pod fits: for callers that need only whether it fits and the figures
+	// Score reads (a filter, a prioritize), it saves building the
+	// allocation.
+	NoAllocation bool
 }
 
 // Placement is a pod's place on one node, as Fit found it, with what Score

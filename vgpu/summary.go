@@ -94,7 +94,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			}
 		}
 	}
-	st.frag = m
+	st.env.frag = m
 	f.before = m.node(st, false)
 	f.model = fragModel{w: w, weight: m.weight}
 	s.frag = f
@@ -119,7 +119,7 @@ func (s *NodeSummary) UntouchedGPUs() int { return s.untouched }
 func (s *NodeSummary) Fit(pod PodDemand, opts FitOptions) (Placement, error) {
 	var buf fitBuffers
 	state := initFitStateFrom(pod.Request, s.inv, s.base, s.healthy, &buf)
-	state.hostFree = s.hostFree
-	state.summary = s
-	return fitOn(pod, &state, opts)
+	env := fitEnv{hostFree: s.hostFree, summary: s}
+	state.env = &env
+	return fitOn(pod, &state, s.inv.Node, opts)
 }

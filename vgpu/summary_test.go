@@ -49,8 +49,15 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 							if diff := cmp.Diff(want, got); diff != "" || fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
 								t.Fatalf("round %d: summary differs from Fit (-Fit +summary):\n%s\nerrors %v / %v", round, diff, wantErr, gotErr)
 							}
+							// NoAllocation: the same but for the allocation's containers.
+							opts.NoAllocation = true
+							bare, bareErr := sum.Fit(d, opts)
+							want.Allocation.Containers = nil
+							if diff := cmp.Diff(want, bare); diff != "" || fmt.Sprint(wantErr) != fmt.Sprint(bareErr) {
+								t.Fatalf("round %d: NoAllocation differs (-Fit +NoAllocation):\n%s", round, diff)
+							}
 							if wantErr == nil && ow == w && !unscored {
-								placed = want
+								placed = got
 							}
 						}
 					}
