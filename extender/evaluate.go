@@ -105,10 +105,13 @@ type verdict struct {
 	container int
 	// unresolvable is true when evicting pods cannot make the pod fit.
 	unresolvable bool
+	// node is the index of the node judged (nodeState.index); -1 when it
+	// could not be judged (unknown to the cache, caches not synced).
+	node int
 }
 
 func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any) verdict {
-	return verdict{reason: reason, message: fmt.Sprintf(format, args...), unresolvable: unresolvable}
+	return verdict{reason: reason, message: fmt.Sprintf(format, args...), unresolvable: unresolvable, node: -1}
 }
 
 // evaluateLocked decides whether d fits node name now. Callers hold
@@ -120,11 +123,19 @@ func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any)
 // what Filter found and the pods of a burst, which mostly share a shape,
 // are judged once per node change rather than once per pod.
 func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdict {
-	st := s.state
-	n := st.nodes[name]
+	n := s.state.nodes[name]
 	if n == nil || !n.known {
 		return rejected(ReasonNodeUnknown, false, "node not in gpuslice-scheduler's cache yet")
 	}
+	v := s.judgeLocked(n, d, now)
+	v.node = n.index
+	return v
+}
+
+// judgeLocked is evaluateLocked on a known node.
+func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict {
+	st := s.state
+	name := n.name
 	if v, ok := s.readinessLocked(n, now); !ok {
 		return v
 	}

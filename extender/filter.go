@@ -116,7 +116,15 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// A pod that passed some node is placed there (kube-scheduler sends
 	// only nodes its own filters passed); one that passed none waits.
 	if len(passed) == 0 && len(counts) > 0 {
-		s.state.retries.rejected(args.Pod, seen)
+		var rej rejection
+		for _, v := range verdicts {
+			if v.node < 0 {
+				rej.unjudge = true
+			} else {
+				rej.nodes[classOf(v.reason)].add(v.node)
+			}
+		}
+		s.state.retries.rejected(args.Pod, d, seen, rej)
 	} else {
 		s.state.retries.forget(args.Pod.UID)
 	}

@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // AnnotationRetry is the pod annotation the extender sets to make
@@ -45,11 +47,81 @@ const (
 	retryInterval = 30 * time.Second
 )
 
-// retries remembers the pods Filter turned away from some node and counts
-// the changes that may let such pods fit, and tells retryLoop when there is
-// work. Changes are numbered rather than timed so that a Filter and a
-// change within the same clock tick are still ordered. Safe for concurrent
-// use. Lock order: clusterState.mu before retries.mu.
+// changeKind is what changed on a node, for deciding which pods it may
+// let fit there.
+type changeKind uint8
+
+const (
+	// changeReady: the node's plugin became ready (label, allocatable,
+	// heartbeat back, registered again), or the node became known.
+	changeReady changeKind = iota
+	// changeInventory: the node's GPU inventory changed.
+	changeInventory
+	// changeFreed: a pod counted on the node went, freeing what it held.
+	changeFreed
+	changeKinds
+)
+
+// rejectClass groups Filter's reasons by what can cure them.
+type rejectClass uint8
+
+const (
+	// classNotReady: the plugin does not serve the node, or the node is
+	// unknown (extender reasons).
+	classNotReady rejectClass = iota
+	// classInventory: too few healthy GPUs of the wanted model or UUID.
+	classInventory
+	// classCapacity: slices, memory, cores or NUMA: room that pods hold.
+	classCapacity
+	rejectClasses
+)
+
+// cures says, per change kind, which rejection classes it may cure.
+var cures = [changeKinds][]rejectClass{
+	changeReady:     {classNotReady},
+	changeInventory: {classNotReady, classInventory, classCapacity},
+	changeFreed:     {classCapacity},
+}
+
+// classOf is the rejection class of a verdict's reason.
+func classOf(r vgpu.Reason) rejectClass {
+	switch r {
+	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
+		return classInventory
+	case vgpu.ReasonNoFreeSlice, vgpu.ReasonInsufficientMemory, vgpu.ReasonInsufficientCores, vgpu.ReasonNUMA:
+		return classCapacity
+	}
+	return classNotReady
+}
+
+// nodeSet is a set of node indexes (nodeState.index).
+type nodeSet []uint64
+
+func (b *nodeSet) add(i int) {
+	for len(*b) <= i/64 {
+		*b = append(*b, 0)
+	}
+	(*b)[i/64] |= 1 << (i % 64)
+}
+
+func (b nodeSet) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
+
+// rejection is what one Filter turned a pod away for: the nodes of each
+// class, and whether some node was turned away before it could be judged
+// (unknown to the cache, or the caches not synced yet).
+type rejection struct {
+	nodes   [rejectClasses]nodeSet
+	unjudge bool
+}
+
+// retries remembers the pods Filter turned away from every node, with the
+// nodes and reasons, and the changes since that may cure those reasons,
+// and tells retryLoop when there is work. A change wakes a pod only when
+// it happened on a node that turned the pod away for a reason of a class
+// the change may cure, after that Filter read the state, and the pod fits
+// that node now (due's fits). Changes are numbered rather than timed, so
+// that a Filter and a change within the same clock tick are still ordered.
+// Safe for concurrent use. Lock order: clusterState.mu before retries.mu.
 type retries struct {
 	// changes counts the changes so far; Filter reads it before it reads
 	// the state.
@@ -58,6 +130,15 @@ type retries struct {
 	mu sync.Mutex
 	// waiting are the pods turned away by Filter, by UID.
 	waiting map[types.UID]*waitingPod
+	// last is, per change kind and node index, the number of the latest
+	// change; everywhere is the number of the latest change that may cure
+	// every pod everywhere (the caches synced).
+	last       [changeKinds][]uint64
+	everywhere uint64
+	// dirty lists the nodes changed since every waiting pod last looked;
+	// inDirty is its set.
+	dirty   []int
+	inDirty nodeSet
 	// lastChange is when the latest change happened.
 	lastChange time.Time
 	// wake has room for one signal: pods may wait since before a change.
@@ -67,11 +148,21 @@ type retries struct {
 type waitingPod struct {
 	uid             types.UID
 	namespace, name string
+	// d is the pod's demand, to judge whether it fits a changed node.
+	d demand
+	// rej is what the latest Filter turned it away for.
+	rej rejection
 	// seen is the number of changes before the last Filter that turned the
-	// pod away read the state, or when the pod was last asked to retry.
+	// pod away read the state, or when it was last asked to retry, or
+	// when due last found that no change since helps it.
 	seen uint64
 	// askedAt is when the pod was last asked to retry; zero if never.
 	askedAt time.Time
+	// raced is set when the Filter that turned the pod away read the
+	// state before a change that was counted before it was recorded (the
+	// change's node may be forgotten already), or when asking it failed:
+	// the pod is due at the next change whatever it was.
+	raced bool
 }
 
 func newRetries() *retries {
@@ -82,10 +173,10 @@ func newRetries() *retries {
 // reads the state and passes it to rejected.
 func (r *retries) seen() uint64 { return r.changes.Load() }
 
-// rejected records that a Filter which had seen seen changes turned pod
-// away from at least one node. A change since, which that Filter may have
-// missed, wakes the loop.
-func (r *retries) rejected(pod *corev1.Pod, seen uint64) {
+// rejected records that a Filter which had seen seen changes turned pod,
+// whose demand is d, away from every node, for rej. A change since, which
+// that Filter may have missed, wakes the loop.
+func (r *retries) rejected(pod *corev1.Pod, d demand, seen uint64, rej rejection) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.waiting[pod.UID]
@@ -93,26 +184,48 @@ func (r *retries) rejected(pod *corev1.Pod, seen uint64) {
 		w = &waitingPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name}
 		r.waiting[pod.UID] = w
 	}
+	w.d, w.rej = d, rej
 	w.seen = max(w.seen, seen)
 	if r.changes.Load() > seen {
+		w.raced = true
 		r.signal()
 	}
 }
 
 // forget stops tracking a pod: it was bound, finished, deleted, or passed
-// every node.
+// some node.
 func (r *retries) forget(uid types.UID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.waiting, uid)
 }
 
-// changed records a change at at that may let a waiting pod fit: a node's
-// plugin became ready, its inventory changed, or a pod's usage was freed.
-func (r *retries) changed(at time.Time) {
+// changed records a change of kind on the node with index node at at.
+func (r *retries) changed(at time.Time, node int, kind changeKind) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.changes.Add(1)
+	seq := r.changes.Add(1)
+	r.lastChange = at
+	if len(r.waiting) == 0 {
+		return
+	}
+	for len(r.last[kind]) <= node {
+		r.last[kind] = append(r.last[kind], 0)
+	}
+	r.last[kind][node] = seq
+	if !r.inDirty.has(node) {
+		r.inDirty.add(node)
+		r.dirty = append(r.dirty, node)
+	}
+	r.signal()
+}
+
+// changedEverywhere records a change at at that may let every waiting pod
+// fit anywhere: the informers synced.
+func (r *retries) changedEverywhere(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.everywhere = r.changes.Add(1)
 	r.lastChange = at
 	if len(r.waiting) > 0 {
 		r.signal()
@@ -128,7 +241,7 @@ func (r *retries) failed(p waitingPod) {
 	if w == nil || !w.askedAt.Equal(p.askedAt) {
 		return // forgotten, or turned away again since
 	}
-	w.seen, w.askedAt = 0, time.Time{}
+	w.seen, w.askedAt, w.raced = 0, time.Time{}, true
 	r.signal()
 }
 
@@ -141,12 +254,14 @@ func (r *retries) signal() {
 }
 
 // due returns when the latest change happened and the pods to ask now:
-// those whose last Filter read a state older than it, not asked within
-// retryInterval before now, at most retryBatch of them, the most recently
-// turned away first (the likeliest to have raced the change). It marks
-// them asked. again is when another pass is needed for the pods it left
-// out; 0 when none is.
-func (r *retries) due(now time.Time) (at time.Time, pods []waitingPod, again time.Duration) {
+// those a change since their last Filter may let fit (see retries), as
+// fits(pod, node index) confirms, not asked within retryInterval before
+// now, at most retryBatch of them, the most recently turned away first
+// (the likeliest to have raced the change). It marks them asked, and pods
+// that no change helps as having seen every change. again is when another
+// pass is needed for the pods it left out; 0 when none is. Callers that
+// pass a fits reading the cluster state hold its read lock.
+func (r *retries) due(now time.Time, fits func(w *waitingPod, node int) bool) (at time.Time, pods []waitingPod, again time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	changes := r.changes.Load()
@@ -163,6 +278,10 @@ func (r *retries) due(now time.Time) (at time.Time, pods []waitingPod, again tim
 				continue
 			}
 		}
+		if !r.helps(w, fits) {
+			w.seen = changes
+			continue
+		}
 		ready = append(ready, w)
 	}
 	slices.SortFunc(ready, func(a, b *waitingPod) int { return cmp.Compare(b.seen, a.seen) })
@@ -171,10 +290,48 @@ func (r *retries) due(now time.Time) (at time.Time, pods []waitingPod, again tim
 		again = time.Nanosecond // the next pass, retryDelay from now
 	}
 	for _, w := range ready {
-		w.seen, w.askedAt = changes, now
+		w.seen, w.askedAt, w.raced = changes, now, false
 		pods = append(pods, *w)
 	}
+	if again == 0 {
+		// Every waiting pod has looked at every change: forget them.
+		for _, n := range r.dirty {
+			for k := range r.last {
+				if n < len(r.last[k]) {
+					r.last[k][n] = 0
+				}
+			}
+		}
+		r.dirty, r.inDirty = r.dirty[:0], r.inDirty[:0]
+	}
 	return r.lastChange, pods, again
+}
+
+// helps reports whether a change since w last looked may let w fit: w
+// raced a change, a change everywhere, or a change on a node that turned
+// w away for a reason the change may cure (or on any node, when some node
+// turned it away unjudged) and where w fits now. Callers hold mu.
+func (r *retries) helps(w *waitingPod, fits func(w *waitingPod, node int) bool) bool {
+	if w.raced || r.everywhere > w.seen {
+		return true
+	}
+	for _, n := range r.dirty {
+		changed := w.rej.unjudge
+		for k := range changeKinds {
+			if n >= len(r.last[k]) || r.last[k][n] <= w.seen {
+				continue
+			}
+			for _, c := range cures[k] {
+				if w.rej.nodes[c].has(n) {
+					changed = true
+				}
+			}
+		}
+		if changed && fits(w, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // retryLoop sets AnnotationRetry on the pods that wait since before a
@@ -198,7 +355,7 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 			return
 		case <-pause.C:
 		}
-		at, pods, again := s.state.retries.due(s.clock.Now())
+		at, pods, again := s.dueRetries()
 		if again > 0 {
 			later.Reset(again)
 		}
@@ -221,6 +378,18 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// dueRetries is retries.due with fits judging, under the state's read
+// lock, whether the waiting pod fits the node now.
+func (s *Scheduler) dueRetries() (time.Time, []waitingPod, time.Duration) {
+	now := s.clock.Now()
+	st := s.state
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	return st.retries.due(now, func(w *waitingPod, node int) bool {
+		return node < len(st.byIndex) && s.evaluateLocked(st.byIndex[node].name, &w.d, now).fits
+	})
 }
 
 // askRetry sets AnnotationRetry on the waiting pod, with its UID as

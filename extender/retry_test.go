@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +24,7 @@ import (
 func TestRetriesOrder(t *testing.T) {
 	r := newRetries()
 	before, after, racing := slicePod("before", 1024), slicePod("after", 1024), slicePod("racing", 1024)
-	r.rejected(before, r.seen())
+	r.rejected(before, demand{}, r.seen(), onNode(0, classNotReady))
 	woken := func() bool {
 		select {
 		case <-r.wake:
@@ -35,19 +38,19 @@ func TestRetriesOrder(t *testing.T) {
 	}
 	racingSeen := r.seen() // a Filter starts, then the change lands
 	changedAt := now.Add(time.Second)
-	r.changed(changedAt)
+	r.changed(changedAt, 0, changeReady)
 	if !woken() {
 		t.Fatal("a change with a pod waiting did not wake the loop")
 	}
-	r.rejected(after, r.seen())
+	r.rejected(after, demand{}, r.seen(), onNode(0, classNotReady))
 	if woken() {
 		t.Fatal("a rejection after the change woke the loop")
 	}
-	r.rejected(racing, racingSeen)
+	r.rejected(racing, demand{}, racingSeen, onNode(0, classNotReady))
 	if !woken() {
 		t.Fatal("a rejection by a Filter that started before the change did not wake the loop")
 	}
-	at, pods, again := r.due(now)
+	at, pods, again := r.due(now, allFit)
 	if !at.Equal(changedAt) || again != 0 {
 		t.Errorf("due at %v, again in %v; want %v and no other pass", at, again, changedAt)
 	}
@@ -59,13 +62,13 @@ func TestRetriesOrder(t *testing.T) {
 	if !slices.Equal(names, []string{"before", "racing"}) {
 		t.Errorf("due pods %v, want before and racing", names)
 	}
-	if _, pods, _ := r.due(now); len(pods) != 0 {
+	if _, pods, _ := r.due(now, allFit); len(pods) != 0 {
 		t.Errorf("pods due twice: %v", pods)
 	}
 	for _, p := range []*corev1.Pod{before, after, racing} {
 		r.forget(p.UID)
 	}
-	r.changed(changedAt.Add(time.Second))
+	r.changed(changedAt.Add(time.Second), 0, changeReady)
 	if woken() {
 		t.Error("a change with no pod waiting woke the loop")
 	}
@@ -80,10 +83,10 @@ func TestRetriesPacing(t *testing.T) {
 	for i := range retryBatch + 5 {
 		p := slicePod(fmt.Sprintf("p%02d", i), 1024)
 		pods = append(pods, p)
-		r.rejected(p, r.seen())
-		r.changed(now) // each pod is turned away one change later than the one before
+		r.rejected(p, demand{}, r.seen(), onNode(0, classNotReady))
+		r.changed(now, 0, changeReady) // each pod is turned away one change later than the one before
 	}
-	_, first, again := r.due(now)
+	_, first, again := r.due(now, allFit)
 	if len(first) != retryBatch || again <= 0 || again > retryDelay {
 		t.Fatalf("first pass: %d pods, again in %v; want %d and another pass soon", len(first), again, retryBatch)
 	}
@@ -92,7 +95,7 @@ func TestRetriesPacing(t *testing.T) {
 			t.Errorf("%s asked in the first pass before a pod turned away later", p.name)
 		}
 	}
-	_, second, again := r.due(now)
+	_, second, again := r.due(now, allFit)
 	if len(second) != 5 || again != 0 {
 		t.Fatalf("second pass: %d pods, again in %v; want the 5 left and no other pass", len(second), again)
 	}
@@ -100,14 +103,14 @@ func TestRetriesPacing(t *testing.T) {
 	// Every pod is turned away again, and another change comes 10 s later:
 	// all were asked within retryInterval, so none is due until it ends.
 	for _, p := range pods {
-		r.rejected(p, r.seen())
+		r.rejected(p, demand{}, r.seen(), onNode(0, classNotReady))
 	}
-	r.changed(now.Add(10 * time.Second))
-	_, none, again := r.due(now.Add(10 * time.Second))
+	r.changed(now.Add(10*time.Second), 0, changeReady)
+	_, none, again := r.due(now.Add(10*time.Second), allFit)
 	if len(none) != 0 || again != retryInterval-10*time.Second {
 		t.Fatalf("within retryInterval: %d pods, again in %v; want none and a pass in %v", len(none), again, retryInterval-10*time.Second)
 	}
-	_, third, _ := r.due(now.Add(retryInterval))
+	_, third, _ := r.due(now.Add(retryInterval), allFit)
 	if len(third) != retryBatch {
 		t.Errorf("after retryInterval: %d pods, want %d", len(third), retryBatch)
 	}
@@ -155,7 +158,7 @@ func TestRetryAfterChange(t *testing.T) {
 	if v := e.filter(late, "n1"); len(*v.NodeNames) != 0 {
 		t.Fatalf("late passed n1 with 4096 MiB free: %+v", v)
 	}
-	if _, pods, _ := e.s.state.retries.due(e.clock.Now()); len(pods) != 0 {
+	if _, pods, _ := e.s.dueRetries(); len(pods) != 0 {
 		t.Errorf("due before running was deleted: %+v", pods)
 	}
 	if err := e.client.CoreV1().Pods(running.Namespace).Delete(ctx, running.Name, metav1.DeleteOptions{}); err != nil {
@@ -184,7 +187,7 @@ func TestRetryAfterChange(t *testing.T) {
 	after := slicePod("after", 1024)
 	e.createPod(after)
 	e.filter(after, "missing-node")
-	if _, pods, _ := e.s.state.retries.due(e.clock.Now()); len(pods) != 0 {
+	if _, pods, _ := e.s.dueRetries(); len(pods) != 0 {
 		t.Errorf("due after the last change: %+v", pods)
 	}
 	if got := metricstest.Scrape(t, nil, e.srv.URL+"/metrics")[MetricRetries]; got != 3 {
@@ -197,9 +200,9 @@ func TestRetryAfterChange(t *testing.T) {
 func TestRetriesFailed(t *testing.T) {
 	r := newRetries()
 	p := slicePod("p", 1024)
-	r.rejected(p, r.seen())
-	r.changed(now)
-	_, pods, _ := r.due(now)
+	r.rejected(p, demand{}, r.seen(), onNode(0, classNotReady))
+	r.changed(now, 0, changeReady)
+	_, pods, _ := r.due(now, allFit)
 	if len(pods) != 1 {
 		t.Fatalf("due: %d pods, want 1", len(pods))
 	}
@@ -210,13 +213,88 @@ func TestRetriesFailed(t *testing.T) {
 	default:
 		t.Error("a failed request did not wake the loop")
 	}
-	if _, again, _ := r.due(now.Add(retryDelay)); len(again) != 1 {
+	if _, again, _ := r.due(now.Add(retryDelay), allFit); len(again) != 1 {
 		t.Errorf("after a failed request: %d pods due, want 1", len(again))
 	}
 	// A request that failed after the pod was forgotten brings nothing back.
 	r.forget(p.UID)
 	r.failed(pods[0])
-	if _, none, _ := r.due(now.Add(2 * retryDelay)); len(none) != 0 {
+	if _, none, _ := r.due(now.Add(2*retryDelay), allFit); len(none) != 0 {
 		t.Errorf("forgotten pod due again: %+v", none)
+	}
+}
+
+// onNode is a rejection by the node with index node for a reason of class.
+func onNode(node int, class rejectClass) rejection {
+	var rej rejection
+	rej.nodes[class].add(node)
+	return rej
+}
+
+// allFit is a due fits that says every pod fits every node.
+func allFit(*waitingPod, int) bool { return true }
+
+// TestRetriesTargeted checks that a change wakes only the pods a node
+// turned away for a reason of a class the change may cure, and only when
+// the pod fits that node now.
+func TestRetriesTargeted(t *testing.T) {
+	r := newRetries()
+	memory := slicePod("memory", 8192)      // node 0: insufficient memory
+	notReady := slicePod("not-ready", 1024) // node 1: plugin not ready
+	model := slicePod("model", 1024)        // node 0: wrong model
+	r.rejected(memory, demand{}, r.seen(), onNode(0, classCapacity))
+	r.rejected(notReady, demand{}, r.seen(), onNode(1, classNotReady))
+	r.rejected(model, demand{}, r.seen(), onNode(0, classInventory))
+	names := func(pods []waitingPod) []string {
+		var out []string
+		for _, p := range pods {
+			out = append(out, p.name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	var asked [][2]string
+	fitsIf := func(ok bool) func(w *waitingPod, node int) bool {
+		return func(w *waitingPod, node int) bool {
+			asked = append(asked, [2]string{w.name, fmt.Sprint(node)})
+			return ok
+		}
+	}
+	steps := []struct {
+		name   string
+		node   int
+		kind   changeKind
+		fits   bool
+		want   []string
+		judged [][2]string
+	}{
+		{name: "freed on node 1 cures nothing there", node: 1, kind: changeFreed, fits: true},
+		{name: "freed on node 0, memory still short", node: 0, kind: changeFreed, fits: false, judged: [][2]string{{"memory", "0"}}},
+		{name: "freed on node 0, memory fits", node: 0, kind: changeFreed, fits: true, want: []string{"memory"}, judged: [][2]string{{"memory", "0"}}},
+		{name: "node 1 ready", node: 1, kind: changeReady, fits: true, want: []string{"not-ready"}, judged: [][2]string{{"not-ready", "1"}}},
+		// An inventory change may cure capacity too.
+		{name: "inventory of node 0", node: 0, kind: changeInventory, fits: true, want: []string{"memory", "model"}, judged: [][2]string{{"memory", "0"}, {"model", "0"}}},
+	}
+	for i, st := range steps {
+		asked = nil
+		r.changed(now, st.node, st.kind)
+		_, pods, _ := r.due(now.Add(time.Duration(i)*retryInterval), fitsIf(st.fits))
+		if diff := cmp.Diff(st.want, names(pods)); diff != "" {
+			t.Errorf("%s: woken (-want +got):\n%s", st.name, diff)
+		}
+		slices.SortFunc(asked, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+		if diff := cmp.Diff(st.judged, asked); diff != "" {
+			t.Errorf("%s: fits asked (-want +got):\n%s", st.name, diff)
+		}
+	}
+	// A pod turned away before the caches synced is woken by the sync.
+	for _, p := range []*corev1.Pod{memory, notReady, model} {
+		r.forget(p.UID)
+	}
+	unsynced := slicePod("unsynced", 1024)
+	r.rejected(unsynced, demand{}, r.seen(), rejection{unjudge: true})
+	r.changedEverywhere(now)
+	if _, pods, _ := r.due(now.Add(10*retryInterval), fitsIf(false)); !slices.Equal(names(pods), []string{"unsynced"}) {
+		t.Errorf("after the sync: woken %v, want unsynced", names(pods))
 	}
 }

@@ -30,6 +30,10 @@ type clusterState struct {
 	// deleted Node is marked unknown and keeps the usage of pods that
 	// still name it.
 	nodes map[string]*nodeState
+	// byIndex are the nodes by nodeState.index, byLease by the name of
+	// their heartbeat Lease.
+	byIndex []*nodeState
+	byLease map[string]*nodeState
 	// pods holds every pod counted in some node's usage, by UID.
 	pods map[types.UID]*podEntry
 	// leases are the heartbeat Leases by name.
@@ -47,6 +51,9 @@ type clusterState struct {
 
 // nodeState is one node as the extender sees it.
 type nodeState struct {
+	// name is the Node's name; index its position in clusterState.byIndex.
+	name  string
+	index int
 	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed once.
 	leaseName string
 	// known is true while the Node object exists.
@@ -105,6 +112,7 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 		workload:        workload,
 		resourceName:    resourceName,
 		nodes:           map[string]*nodeState{},
+		byLease:         map[string]*nodeState{},
 		pods:            map[types.UID]*podEntry{},
 		leases:          map[string]*leaseState{},
 		retries:         newRetries(),
@@ -118,8 +126,10 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 func (st *clusterState) nodeLocked(name string) *nodeState {
 	n := st.nodes[name]
 	if n == nil {
-		n = &nodeState{leaseName: vgpu.HeartbeatLeaseName(name)}
+		n = &nodeState{name: name, index: len(st.byIndex), leaseName: vgpu.HeartbeatLeaseName(name)}
 		st.nodes[name] = n
+		st.byIndex = append(st.byIndex, n)
+		st.byLease[n.leaseName] = n
 	}
 	return n
 }
@@ -153,23 +163,25 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 		allocatable = q.Value()
 	}
 	n.unready = nodeUnready(n.inventoryErr, label, hasLabel, allocatable, st.resourceName)
-	if n.unready == nil && (!wasReady || n.rawInventory != oldInventory) {
-		st.changedLocked()
+	switch {
+	case n.unready != nil:
+	case n.rawInventory != oldInventory:
+		st.changedLocked(n, changeInventory)
+	case !wasReady:
+		st.changedLocked(n, changeReady)
 	}
 }
 
-// changedLocked tells retries of a change that may let a pod fit where it
-// did not. Callers hold the write lock.
-func (st *clusterState) changedLocked() {
-	st.retries.changed(st.now())
+// changedLocked tells retries of a change of kind on n that may let a pod
+// fit there where it did not. Callers hold the write lock.
+func (st *clusterState) changedLocked(n *nodeState, kind changeKind) {
+	st.retries.changed(st.now(), n.index, kind)
 }
 
 // synced records that the informers' first lists are counted: every pod
-// Filter turned away before may fit now.
+// Filter turned away before may fit now, anywhere.
 func (st *clusterState) synced() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.changedLocked()
+	st.retries.changedEverywhere(st.now())
 }
 
 // deleteNode records a Node deleted. Its usage stays until its pods go.
@@ -210,9 +222,11 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	// enough for Filter to have judged the heartbeat stale: between the
 	// two renewals, or (clocks differ, watches lag) by the extender's own
 	// clock, which Filter uses.
-	if raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
-		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge) {
-		st.changedLocked()
+	// A Lease whose Node is not known yet changes nothing: the Node's
+	// arrival will.
+	if n := st.byLease[lease.Name]; n != nil && (raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
+		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge)) {
+		st.changedLocked(n, changeReady)
 	}
 	if raw != l.raw {
 		l.raw = raw
@@ -330,7 +344,7 @@ func (st *clusterState) removeLocked(e *podEntry) {
 	n.usage.Remove(e.alloc, e.req)
 	st.refreshLocked(n)
 	delete(st.pods, e.uid)
-	st.changedLocked()
+	st.changedLocked(n, changeFreed)
 }
 
 // release drops a reservation made by Bind, unless the informer already
