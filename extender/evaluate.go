@@ -150,6 +150,10 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 	if d.forBind {
 		return toVerdict(n.summary.Fit(d.pod, opts))
 	}
+	if r, ok := n.summary.Reject(d.pod); ok {
+		// Turned away by the summary alone: most full nodes.
+		return verdict{reason: r}
+	}
 	if v, ok := n.verdicts.get(d.key, n.gen); ok {
 		return v
 	}

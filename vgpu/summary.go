@@ -22,8 +22,10 @@ type NodeSummary struct {
 	// usedBefore is the healthy capacity in use, in GPUs (Placement.UsedBefore).
 	usedBefore float64
 	// largestFreeMiB is the most memory free on one healthy GPU that has
-	// a free slice; untouched counts the healthy GPUs nothing holds.
+	// a free slice (-1 when none has); sliceable counts those GPUs and
+	// untouched the healthy GPUs nothing holds.
 	largestFreeMiB int64
+	sliceable      int
 	untouched      int
 	// w is the workload frag was measured against; frag is nil when w is
 	// nil or has no classes.
@@ -66,6 +68,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			s.untouched++
 		}
 		if u.Exclusive == 0 && u.Slices < s.inv.SplitCount {
+			s.sliceable++
 			s.largestFreeMiB = max(s.largestFreeMiB, g.SchedulableMemoryMiB-u.MemoryMiB)
 		}
 	}
@@ -112,6 +115,32 @@ func (s *NodeSummary) LargestFreeMiB() int64 { return s.largestFreeMiB }
 // UntouchedGPUs is how many healthy GPUs hold nothing: at most this many
 // whole-GPU containers fit.
 func (s *NodeSummary) UntouchedGPUs() int { return s.untouched }
+
+// Reject reports the reason Fit would give for pod on this node without
+// running it, from the summary's figures alone, and true — for a pod of one
+// app container asking for one slice of one GPU by MiB, with no model or
+// UUID filter, when the node has no healthy GPU, no GPU with a free slice,
+// or too little memory free on every such GPU. Otherwise it returns false
+// and the caller asks Fit. Callers that judge many nodes use it as an
+// index by largest free slice: most full nodes are turned away without
+// looking at their GPUs.
+func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
+	cs := pod.Request.Containers
+	c := pod.Constraints
+	if len(cs) != 1 || cs[0].Init || cs[0].GPUs != 1 || cs[0].Exclusive || cs[0].MemoryMiB <= 0 ||
+		len(c.Models) > 0 || len(c.ExcludeModels) > 0 || len(c.UUIDs) > 0 || len(c.ExcludeUUIDs) > 0 {
+		return "", false
+	}
+	switch {
+	case s.healthy == 0:
+		return ReasonUnhealthy, true
+	case s.sliceable == 0:
+		return ReasonNoFreeSlice, true
+	case s.largestFreeMiB < cs[0].MemoryMiB:
+		return ReasonInsufficientMemory, true
+	}
+	return "", false
+}
 
 // Fit is vgpu.Fit on the summarized node: Fit(pod, NodeState{Inventory,
 // Usage, HostFree of the node summarized}, opts), with the same result.

@@ -1,6 +1,7 @@
 package vgpu_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -23,7 +24,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 7))
-			compared, fitted := 0, 0
+			compared, fitted, rejected := 0, 0, 0
 			for round := range 30 {
 				node := randomNode(rng)
 				usage := &vgpu.NodeUsage{}
@@ -38,6 +39,14 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 					d := randomDemand(rng, node)
 					if rng.IntN(3) == 0 {
 						d.Host = vgpu.HostResources{CPUMilli: int64(rng.IntN(8000)), MemoryMiB: int64(rng.IntN(32768))}
+					}
+					if r, ok := sum.Reject(d); ok {
+						_, err := vgpu.Fit(d, state, vgpu.FitOptions{})
+						var fe *vgpu.FitError
+						if !errors.As(err, &fe) || fe.Reason != r || fe.Container != 0 {
+							t.Fatalf("round %d: Reject says %s, Fit says %v", round, r, err)
+						}
+						rejected++
 					}
 					var placed vgpu.Placement
 					for _, ow := range []*vgpu.Workload{w, other} {
@@ -70,6 +79,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 			if fitted == 0 {
 				t.Errorf("no pod fitted in %d comparisons: the generator is off", compared)
 			}
+			t.Logf("%d comparisons, %d fitted, %d rejected from the summary alone", compared, fitted, rejected)
 		})
 	}
 }
@@ -89,5 +99,41 @@ func TestSummaryFigures(t *testing.T) {
 	}
 	if got := s.UntouchedGPUs(); got != 1 {
 		t.Errorf("UntouchedGPUs = %d, want 1", got)
+	}
+}
+
+// TestSummaryReject fills random nodes with one-slice pods and checks that
+// whenever Reject turns a one-slice pod away, Fit does so for the same
+// reason, and that Reject decides a good share of the pods that do not fit.
+func TestSummaryReject(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(9, 9))
+	decided, unfit := 0, 0
+	for round := range 200 {
+		node := randomNode(rng)
+		usage := &vgpu.NodeUsage{}
+		for range 40 {
+			d := vgpu.PodDemand{Request: vgpu.PodRequest{Containers: []vgpu.ContainerRequest{{
+				Name: "main", GPUs: 1, MemoryMiB: int64(1024 * (1 + rng.IntN(24))), CoresPercent: []int{0, 10, 30}[rng.IntN(3)],
+			}}}}
+			state := vgpu.NodeState{Inventory: node, Usage: usage}
+			p, err := vgpu.Fit(d, state, vgpu.FitOptions{})
+			r, ok := vgpu.Summarize(state, nil).Reject(d)
+			var fe *vgpu.FitError
+			switch {
+			case ok && (!errors.As(err, &fe) || fe.Reason != r):
+				t.Fatalf("round %d: Reject says %s, Fit says %v", round, r, err)
+			case err != nil:
+				unfit++
+				if ok {
+					decided++
+				}
+			default:
+				usage.Add(p.Allocation, d.Request)
+			}
+		}
+	}
+	if unfit == 0 || decided < unfit/2 {
+		t.Errorf("Reject decided %d of %d pods that do not fit; want at least half", decided, unfit)
 	}
 }
