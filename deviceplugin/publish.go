@@ -172,7 +172,10 @@ func (p *publisher) remember(n *corev1.Node) {
 }
 
 // syncLease creates or renews the heartbeat Lease. The heartbeat annotation
-// changes only with the registration; renewTime moves on every renewal.
+// changes only with the registration; renewTime moves on every renewal. A
+// Lease without vgpu.LabelHeartbeat (written by an older plugin, or
+// edited) is renewed at once and gets the label back, since readers watch
+// only labelled Leases.
 func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 	leases := p.client.CoordinationV1().Leases(p.cfg.HeartbeatNamespace)
 	name := vgpu.HeartbeatLeaseName(p.cfg.NodeName)
@@ -202,7 +205,8 @@ func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 		}
 		p.lease = l
 	}
-	if p.lease.Annotations[vgpu.AnnotationPluginHeartbeat] == heartbeat && !p.leaseRenewed.IsZero() && p.clock.Since(p.leaseRenewed) < p.cfg.LeaseRenew.Duration {
+	if p.lease.Annotations[vgpu.AnnotationPluginHeartbeat] == heartbeat && p.lease.Labels[vgpu.LabelHeartbeat] == vgpu.LabelHeartbeatValue &&
+		!p.leaseRenewed.IsZero() && p.clock.Since(p.leaseRenewed) < p.cfg.LeaseRenew.Duration {
 		return nil
 	}
 	l := p.lease.DeepCopy()
@@ -210,6 +214,10 @@ func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[vgpu.AnnotationPluginHeartbeat] = heartbeat
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[vgpu.LabelHeartbeat] = vgpu.LabelHeartbeatValue
 	now := metav1.NewMicroTime(p.clock.Now())
 	l.Spec.RenewTime = &now
 	l.Spec.HolderIdentity = ptr.To(holderIdentity(p.cfg.NodeName))
@@ -231,6 +239,7 @@ func (p *publisher) newLease(name, heartbeat string) *coordinationv1.Lease {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            name,
 			Namespace:       p.cfg.HeartbeatNamespace,
+			Labels:          map[string]string{vgpu.LabelHeartbeat: vgpu.LabelHeartbeatValue},
 			Annotations:     map[string]string{vgpu.AnnotationPluginHeartbeat: heartbeat},
 			OwnerReferences: p.ownerReferences(),
 		},

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -36,9 +39,10 @@ type publishFixture struct {
 	nodeWrite int
 }
 
-func newPublishFixture(t *testing.T) *publishFixture {
+// newPublishFixture starts the API with Node node-1 and objs.
+func newPublishFixture(t *testing.T, objs ...runtime.Object) *publishFixture {
 	f := &publishFixture{t: t, clock: testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), done: make(chan struct{})}
-	f.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "uid-1"}})
+	f.client = fake.NewClientset(append([]runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "uid-1"}}}, objs...)...)
 	f.client.PrependReactor("*", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -173,6 +177,53 @@ func TestPublisher(t *testing.T) {
 	f.waitFor("label false after stop", func(n *corev1.Node, hb vgpu.PluginHeartbeat, _ time.Time) bool {
 		return n.Labels[vgpu.LabelGPUReady] == "false" && !hb.Registered
 	})
+}
+
+// TestPublisherLeaseLabel checks that the heartbeat Lease carries
+// vgpu.LabelHeartbeat whether the plugin creates it or adopts one an older
+// plugin wrote without it, and that other labels survive.
+func TestPublisherLeaseLabel(t *testing.T) {
+	oldLease := func(labels map[string]string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: vgpu.HeartbeatLeaseName("node-1"), Namespace: vgpu.DefaultHeartbeatNamespace, Labels: labels,
+				Annotations: map[string]string{vgpu.AnnotationPluginHeartbeat: `{"version":1}`},
+			},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holderIdentity("node-1")), RenewTime: &metav1.MicroTime{}},
+		}
+	}
+	tests := []struct {
+		name       string
+		objs       []runtime.Object
+		wantLabels map[string]string
+	}{{
+		name:       "created",
+		wantLabels: map[string]string{vgpu.LabelHeartbeat: vgpu.LabelHeartbeatValue},
+	}, {
+		name:       "adopted without labels",
+		objs:       []runtime.Object{oldLease(nil)},
+		wantLabels: map[string]string{vgpu.LabelHeartbeat: vgpu.LabelHeartbeatValue},
+	}, {
+		name:       "adopted with a wrong value and another label",
+		objs:       []runtime.Object{oldLease(map[string]string{vgpu.LabelHeartbeat: "false", "team": "ml"})},
+		wantLabels: map[string]string{vgpu.LabelHeartbeat: vgpu.LabelHeartbeatValue, "team": "ml"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newPublishFixture(t, tt.objs...)
+			f.start()
+			var lease *coordinationv1.Lease
+			f.waitFor("a heartbeat written by this plugin", func(_ *corev1.Node, hb vgpu.PluginHeartbeat, _ time.Time) bool {
+				l, err := f.client.CoordinationV1().Leases(vgpu.DefaultHeartbeatNamespace).Get(context.Background(), vgpu.HeartbeatLeaseName("node-1"), metav1.GetOptions{})
+				lease = l
+				return err == nil && hb.Node == "node-1"
+			})
+			if diff := cmp.Diff(tt.wantLabels, lease.Labels); diff != "" {
+				t.Errorf("Lease labels (-want +got):\n%s", diff)
+			}
+		})
+	}
 }
 
 func TestPublisherRetriesWhileAPIServerDown(t *testing.T) {
