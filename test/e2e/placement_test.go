@@ -269,3 +269,58 @@ func TestForgedAndGarbageInput(t *testing.T) {
 		}
 	}
 }
+
+// TestExtenderRestartOnFullNodeGivesNoSliceTwice restarts the extender alone (kube-scheduler keeps
+// running) three times while pods keep arriving for a node whose slices are all taken. A restarted
+// extender that answered before its informers had counted the bound pods would see every GPU free
+// and bind a second pod onto a taken slice; the extender instead turns every node away ("informer
+// caches not synced") and refuses to bind until it has synced. Afterwards exactly the first pods
+// run, every later one is Pending for want of a free slice, and no GPU holds more than it has.
+func TestExtenderRestartOnFullNodeGivesNoSliceTwice(t *testing.T) {
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "2xA100-80GB", PluginArgs: []string{"--split-count=4"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var first []*corev1.Pod
+	for i := range 8 {
+		first = append(first, slicePod(fmt.Sprintf("full-%02d", i), 4096, 10))
+	}
+	createAll(t, c, first)
+	if out := waitSettled(t, c, "full-", len(first), 2*time.Minute); len(out.running) != len(first) {
+		t.Fatalf("%d of %d pods Running before the restarts; want all (2 GPUs x 4 slices)", len(out.running), len(first))
+	}
+	total := len(first)
+	for round := range 3 {
+		var more []*corev1.Pod
+		for i := range 6 {
+			more = append(more, slicePod(fmt.Sprintf("full-r%d-%d", round, i), 4096, 10))
+		}
+		createAll(t, c, more)
+		total += len(more)
+		if err := c.RestartExtender(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Pods turned away before the restarted extender synced are retried once it has; wait until
+	// every Pending pod's latest verdict is about slices, not about the restart.
+	var out podOutcome
+	poll(t, 2*time.Minute, "every Pending pod turned away for want of a free slice", func(ctx context.Context) (bool, string) {
+		out = waitSettled(t, c, "full-", total, 2*time.Minute)
+		failed, err := failedScheduling(ctx, c)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range out.pending {
+			if msg := failed[p.UID]; !strings.Contains(msg, "no free slice") {
+				return false, p.Name + ": " + msg
+			}
+		}
+		return true, ""
+	})
+	for _, b := range checkCapacity(t, c, out.running) {
+		t.Error(b)
+	}
+	if len(out.running) != len(first) {
+		t.Errorf("%d pods Running after the restarts, want %d: a slice was given twice", len(out.running), len(first))
+	}
+	t.Logf("after 3 extender restarts: %d Running, %d Pending", len(out.running), len(out.pending))
+}
