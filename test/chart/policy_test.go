@@ -8,6 +8,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,15 +29,16 @@ const (
 	policyDenial = "annotation hami.io/gpu-allocation is written only by the gpuslice scheduler extender (" + extenderUser + "); "
 )
 
-// policyEnv is a real API server holding the chart's allocation policy and the extender's RBAC.
+// policyEnv is a real API server holding the chart's allocation policy and the extender's own
+// RBAC (not kube-scheduler's roles, which its ServiceAccount also has in an install).
 type policyEnv struct {
 	admin    kubernetes.Interface
 	extender kubernetes.Interface // the admin's credentials impersonating extenderUser
 }
 
 // startPolicyEnv renders the chart with its defaults, creates its ValidatingAdmissionPolicy and
-// binding, and the extender's ClusterRole and ClusterRoleBinding (not kube-scheduler's), in a
-// real API server, and waits until the policy denies.
+// binding, and the extender's ClusterRole, heartbeat Role and their bindings, in a real API
+// server, and waits until the policy denies.
 func startPolicyEnv(t *testing.T, h helm) *policyEnv {
 	t.Helper()
 	out, err := h.template("")
@@ -75,6 +77,17 @@ func startPolicyEnv(t *testing.T, h helm) *policyEnv {
 	}
 	if _, err := e.admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the extender's ClusterRoleBinding: %v", err)
+	}
+	leaseRole, ok := findTyped[*rbacv1.Role](r, "Role", corev1.NamespaceNodeLease, releaseName+"-scheduler-heartbeats")
+	leaseBinding, ok2 := findTyped[*rbacv1.RoleBinding](r, "RoleBinding", corev1.NamespaceNodeLease, releaseName+"-scheduler-heartbeats")
+	if !ok || !ok2 {
+		t.Fatal("the chart renders no Role and RoleBinding " + releaseName + "-scheduler-heartbeats in " + corev1.NamespaceNodeLease)
+	}
+	if _, err := e.admin.RbacV1().Roles(corev1.NamespaceNodeLease).Create(ctx, leaseRole, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the extender's heartbeat Role: %v", err)
+	}
+	if _, err := e.admin.RbacV1().RoleBindings(corev1.NamespaceNodeLease).Create(ctx, leaseBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the extender's heartbeat RoleBinding: %v", err)
 	}
 
 	// The API server loads a new policy from its informer: wait until a probe pod with an
@@ -209,5 +222,58 @@ func TestAllocationPolicy(t *testing.T) {
 	}
 	if err := patch(e.admin, `{"example.com/note":"fine"}`); err != nil {
 		t.Errorf("the admin setting another annotation: %v, want it allowed", err)
+	}
+}
+
+// TestExtenderRBAC checks, with the real RBAC authorizer, that the chart's rules for the extender
+// grant what it does (extender/*.go: informers on Nodes, Pods and the heartbeat Leases, a GET of a
+// pod the informer has not seen, the retry annotation's patch, one Binding per bind) and nothing
+// around it that it used to need or never did.
+func TestExtenderRBAC(t *testing.T) {
+	h := requireHelm(t)
+	e := startPolicyEnv(t, h)
+	ctx := policyCtx(t)
+	type access struct{ namespace, verb, resource, subresource, group string }
+	tests := []struct {
+		access
+		want bool
+	}{
+		{access{"", "list", "nodes", "", ""}, true},
+		{access{"", "watch", "nodes", "", ""}, true},
+		{access{"default", "list", "pods", "", ""}, true},
+		{access{"default", "watch", "pods", "", ""}, true},
+		{access{"default", "get", "pods", "", ""}, true},
+		{access{"default", "patch", "pods", "", ""}, true},
+		{access{"default", "create", "pods", "binding", ""}, true},
+		{access{corev1.NamespaceNodeLease, "list", "leases", "", "coordination.k8s.io"}, true},
+		{access{corev1.NamespaceNodeLease, "watch", "leases", "", "coordination.k8s.io"}, true},
+		{access{"", "get", "nodes", "", ""}, false},
+		{access{"", "patch", "nodes", "", ""}, false},
+		{access{"default", "update", "pods", "", ""}, false},
+		{access{"default", "delete", "pods", "", ""}, false},
+		{access{"default", "patch", "pods", "status", ""}, false},
+		{access{"default", "create", "bindings", "", ""}, false},
+		{access{"default", "create", "events", "", ""}, false},
+		{access{"default", "create", "events", "", "events.k8s.io"}, false},
+		{access{corev1.NamespaceNodeLease, "update", "leases", "", "coordination.k8s.io"}, false},
+		{access{"default", "list", "leases", "", "coordination.k8s.io"}, false},
+		{access{"default", "get", "secrets", "", ""}, false},
+	}
+	for _, tt := range tests {
+		a := tt.access
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   extenderUser,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNamespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: a.namespace, Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource,
+			},
+		}}
+		got, err := e.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Allowed != tt.want {
+			t.Errorf("%+v: allowed %t, want %t (%s)", a, got.Status.Allowed, tt.want, got.Status.Reason)
+		}
 	}
 }
