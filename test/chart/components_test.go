@@ -270,6 +270,11 @@ func checkSchedulerConfig(t *testing.T, f configFile) *kubeschedulerconfigv1.Kub
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("%s: extender verbs (-want +got):\n%s", f.ref, diff)
 	}
+	for _, p := range cfg.Profiles {
+		if p.PercentageOfNodesToScore == nil {
+			t.Errorf("%s: profile %v sets no percentageOfNodesToScore: kube-scheduler would send the extender only its adaptive sample of the feasible nodes", f.ref, ptrString(p.SchedulerName))
+		}
+	}
 	var wantManaged []kubeschedulerconfigv1.ExtenderManagedResource
 	for _, name := range vgpu.Resources() {
 		wantManaged = append(wantManaged, kubeschedulerconfigv1.ExtenderManagedResource{Name: string(name), IgnoredByScheduler: true})
@@ -303,6 +308,10 @@ func checkCrossComponent(t *testing.T, r rendered, got loadedComponents) {
 		if e.EnableHTTPS != (x.TLSCertFile != "") {
 			t.Errorf("kube-scheduler enableHTTPS %v, extender tlsCertFile %q", e.EnableHTTPS, x.TLSCertFile)
 		}
+		if cc := got.scheduler.ClientConnection; x.KubeAPIQPS < cc.QPS || int64(x.KubeAPIBurst) < int64(cc.Burst) {
+			t.Errorf("the extender's API client (kubeAPIQPS %v, kubeAPIBurst %d) is below kube-scheduler's clientConnection (qps %v, burst %d): binding every GPU pod would limit scheduling",
+				x.KubeAPIQPS, x.KubeAPIBurst, cc.QPS, cc.Burst)
+		}
 		if e.HTTPTimeout.Duration <= x.BindTimeout.Duration {
 			t.Errorf("kube-scheduler's extender httpTimeout %v is not above the extender's bindTimeout %v", e.HTTPTimeout.Duration, x.BindTimeout.Duration)
 		}
@@ -324,4 +333,12 @@ func checkCrossComponent(t *testing.T, r rendered, got loadedComponents) {
 			}
 		}
 	}
+}
+
+// ptrString returns *p, or "<unset>" for nil.
+func ptrString(p *string) string {
+	if p == nil {
+		return "<unset>"
+	}
+	return *p
 }

@@ -1,7 +1,7 @@
 // Package chart holds the render tests of the Helm chart in charts/gpuslice.
 // They run the real helm binary that hack/build-cluster.sh builds into
 // _output/cluster/bin (found like the local cluster's binaries, see
-// cluster.FindBinDir) and need no cluster:
+// cluster.FindBinDir); all but the last two need no API server:
 //
 //   - TestChartGolden renders each values file of testdata/values with
 //     `helm template`, lints it with `helm lint --strict`, compares the
@@ -15,6 +15,14 @@
 //   - TestChartRejectsBadValues checks that bad values fail both `helm
 //     template` and `helm lint` with an error naming the value and what is
 //     allowed.
+//   - TestAllocationPolicy creates the rendered ValidatingAdmissionPolicy
+//     and the extender's ClusterRole in a real kube-apiserver run in the
+//     test process (test/harness/apiserver) and checks who may write
+//     hami.io/gpu-allocation: on a pod, and through a Binding posted to
+//     pods/binding or to the older bindings resource.
+//   - TestExtenderRBAC asks the same server's RBAC authorizer whether the
+//     extender's ClusterRole and heartbeat Role grant what the extender
+//     does and nothing beside it.
 //
 // Without a built helm the tests skip, except with CI=true, where they fail.
 package chart

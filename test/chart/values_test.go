@@ -69,6 +69,46 @@ func TestChartRejectsBadValues(t *testing.T) {
 		values: "scheduler: {replicas: 2, leaderElection: {enabled: false}}",
 		want:   []string{"scheduler.leaderElection.enabled=false: needs scheduler.replicas=1 (got 2)"},
 	}, {
+		name:   "percentageOfNodesToScore above 100",
+		values: "scheduler: {percentageOfNodesToScore: 101}",
+		want:   []string{"/scheduler/percentageOfNodesToScore", "maximum: got 101, want 100"},
+	}, {
+		name:   "negative percentageOfNodesToScore",
+		values: "scheduler: {percentageOfNodesToScore: -1}",
+		want:   []string{"/scheduler/percentageOfNodesToScore", "minimum: got -1, want 0"},
+	}, {
+		name:   "fractional percentageOfNodesToScore",
+		values: "scheduler: {percentageOfNodesToScore: 12.5}",
+		want:   []string{"/scheduler/percentageOfNodesToScore", "got number, want integer"},
+	}, {
+		name:   "kube-scheduler clientQPS 0",
+		values: "scheduler: {kubeScheduler: {clientQPS: 0}}",
+		want:   []string{"/scheduler/kubeScheduler/clientQPS", "minimum: got 0, want 1"},
+	}, {
+		name:   "kube-scheduler clientBurst above 100000",
+		values: "scheduler: {kubeScheduler: {clientBurst: 100001}, extender: {kubeAPIBurst: 100001}}",
+		want:   []string{"/scheduler/kubeScheduler/clientBurst", "/scheduler/extender/kubeAPIBurst", "maximum: got 100,001, want 100,000"},
+	}, {
+		name:   "extender kubeAPIQPS 0",
+		values: "scheduler: {extender: {kubeAPIQPS: 0}}",
+		want:   []string{"/scheduler/extender/kubeAPIQPS", "minimum: got 0, want 1"},
+	}, {
+		name:   "extender kubeAPIBurst not an integer",
+		values: "scheduler: {extender: {kubeAPIBurst: 250.5}}",
+		want:   []string{"/scheduler/extender/kubeAPIBurst", "got number, want integer"},
+	}, {
+		name:   "negative maxPendingBinds",
+		values: "scheduler: {extender: {maxPendingBinds: -1}}",
+		want:   []string{"/scheduler/extender/maxPendingBinds", "minimum: got -1, want 0"},
+	}, {
+		name:   "extender QPS below kube-scheduler's",
+		values: "scheduler: {kubeScheduler: {clientQPS: 150.5}, extender: {kubeAPIQPS: 100}}",
+		want:   []string{"scheduler.extender.kubeAPIQPS=100: must be at least scheduler.kubeScheduler.clientQPS (150.5)"},
+	}, {
+		name:   "extender burst below kube-scheduler's",
+		values: "scheduler: {kubeScheduler: {clientBurst: 400}, extender: {kubeAPIBurst: 300}}",
+		want:   []string{"scheduler.extender.kubeAPIBurst=300: must be at least scheduler.kubeScheduler.clientBurst (400)"},
+	}, {
 		name:   "webhook timeout above 30",
 		values: "webhook: {timeoutSeconds: 60}",
 		want:   []string{"/webhook/timeoutSeconds", "maximum: got 60, want 30"},

@@ -247,7 +247,7 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 			return podProcess{}, err
 		}
 	}
-	p := podProcess{path: filepath.Join(c.State.BinDir, filepath.Base(ctr.Command[0]))}
+	p := podProcess{path: c.binaryFor(ctr.Command[0])}
 	for _, a := range append(append([]string(nil), ctr.Command[1:]...), ctr.Args...) {
 		p.args = append(p.args, rewrite(a))
 	}
@@ -264,6 +264,22 @@ func (c *Cluster) materialize(r *chartRelease, spec corev1.PodSpec, name, root, 
 		}
 	}
 	return p, nil
+}
+
+// binaryFor returns the binary that runs a container's command: gpuslice's own are the ones
+// Options named (PluginPath, ExtenderPath, WebhookPath; the caller's fresh build), any other is
+// taken from BinDir by its base name.
+func (c *Cluster) binaryFor(command string) string {
+	switch base := filepath.Base(command); base {
+	case "gpuslice-device-plugin":
+		return c.State.PluginPath
+	case ExtenderName:
+		return c.State.ExtenderPath
+	case WebhookName:
+		return c.State.WebhookPath
+	default:
+		return filepath.Join(c.State.BinDir, base)
+	}
 }
 
 // pathRewriter returns a function that replaces every container path of maps (longest first, and

@@ -41,19 +41,24 @@ const (
 
 // schedulerConfig renders the KubeSchedulerConfiguration: the stock profile, the gpuslice profile,
 // and the extender (shared by both, as extenders are; managedResources keeps non-GPU pods away).
+// What the chart sets is set as its defaults do, so that the cluster schedules like an install:
+// the client's qps and burst (the chart's scheduler.kubeScheduler.clientQPS/clientBurst, equal to
+// the extender's default kubeAPIQPS/kubeAPIBurst, which the extender here runs with) and the
+// gpuslice profile's percentageOfNodesToScore; the stock profile keeps kube-scheduler's defaults.
 func schedulerConfig(kubeconfig string, extenderPort int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
   kubeconfig: %q
-  qps: 500
-  burst: 1000
+  qps: 100
+  burst: 200
 leaderElection:
   leaderElect: false
 profiles:
 - schedulerName: default-scheduler
 - schedulerName: %s
+  percentageOfNodesToScore: 100
 extenders:
 - urlPrefix: http://127.0.0.1:%d
   filterVerb: filter

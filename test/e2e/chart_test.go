@@ -38,6 +38,9 @@ scheduler:
     tag: v1.37.2
 `
 
+// policyDenial is the start of every denial of the chart's allocation policy.
+const policyDenial = "hami.io/gpu-allocation is written only by the gpuslice scheduler extender (system:serviceaccount:gpuslice-system:gpuslice-scheduler)"
+
 // chartDir is the chart, from test/e2e.
 func chartDir(t *testing.T) string {
 	t.Helper()
@@ -149,13 +152,12 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	if len(settled.running) > 0 {
 		victim := settled.running[0]
 		patch := []byte(`{"metadata":{"annotations":{"` + vgpu.AnnotationPodAllocation + `":"{}"}}}`)
-		const denial = "hami.io/gpu-allocation is written only by the gpuslice scheduler extender (system:serviceaccount:gpuslice-system:gpuslice-scheduler)"
 		poll(t, 30*time.Second, "the admin's change of an allocation denied by the chart's policy", func(ctx context.Context) (bool, string) {
 			_, err := c.Client().CoreV1().Pods(victim.Namespace).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 			if err == nil {
 				return false, "patch accepted"
 			}
-			return (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), denial), err.Error()
+			return (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), policyDenial), err.Error()
 		})
 		cur, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
 		if err != nil {
@@ -169,6 +171,8 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 			t.Errorf("admin changing another annotation: %v, want it allowed", err)
 		}
 	}
+
+	checkAdminBindings(ctx, t, c)
 
 	// The footprint the chart's resource requests and limits are set from.
 	for _, p := range c.State.Processes {
@@ -242,4 +246,47 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	if _, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 		t.Errorf("create a pod after helm uninstall with the webhook stopped: %v", err)
 	}
+}
+
+// checkAdminBindings binds, as the cluster admin, a pod that no scheduler serves, the way a
+// scheduler does: a Binding that carries hami.io/gpu-allocation (which the API server would copy
+// onto the pod) is denied by the chart's policy and leaves the pod unbound; the same Binding
+// without it, a plain kube-scheduler bind, binds the pod, which then runs.
+func checkAdminBindings(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	pod, err := pods.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "admin-bound", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			SchedulerName:                 "no-scheduler",
+			TerminationGracePeriodSeconds: new(int64),
+			Containers:                    []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binding := func(annotations map[string]string) *corev1.Binding {
+		return &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, Annotations: annotations},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: "node-t4"},
+		}
+	}
+	const want = policyDenial + "; "
+	poll(t, 30*time.Second, "the admin's Binding with an allocation denied by the chart's policy", func(ctx context.Context) (bool, string) {
+		err := pods.Bind(ctx, binding(map[string]string{vgpu.AnnotationPodAllocation: "{}"}), metav1.CreateOptions{})
+		if err == nil {
+			return false, "Binding accepted"
+		}
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), want) && strings.Contains(err.Error(), "may not bind a pod with it"), err.Error()
+	})
+	if cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if cur.Spec.NodeName != "" || cur.Annotations[vgpu.AnnotationPodAllocation] != "" {
+		t.Fatalf("after the denied Binding %s is on node %q with allocation %q, want unbound without one", pod.Name, cur.Spec.NodeName, cur.Annotations[vgpu.AnnotationPodAllocation])
+	}
+	if err := pods.Bind(ctx, binding(map[string]string{"example.com/note": "fine"}), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the admin's Binding without an allocation: %v, want it allowed", err)
+	}
+	waitRunningOn(t, c, pod.Name, "node-t4")
 }

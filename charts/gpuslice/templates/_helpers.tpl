@@ -81,6 +81,12 @@ of a template that does not exist then stops lint too, with an error that carrie
 {{- if and $s.podDisruptionBudget.enabled (gt (int $s.replicas) 1) (ge (int $s.podDisruptionBudget.minAvailable) (int $s.replicas)) -}}
 {{- include "gpuslice.fail" (printf "scheduler.podDisruptionBudget.minAvailable=%v: must be from 0 to scheduler.replicas-1 (%d), or no node could ever be drained" $s.podDisruptionBudget.minAvailable (sub (int $s.replicas) 1)) -}}
 {{- end -}}
+{{- if lt (float64 $s.extender.kubeAPIQPS) (float64 $s.kubeScheduler.clientQPS) -}}
+{{- include "gpuslice.fail" (printf "scheduler.extender.kubeAPIQPS=%v: must be at least scheduler.kubeScheduler.clientQPS (%v); the extender binds every GPU pod kube-scheduler schedules, one API request each" $s.extender.kubeAPIQPS $s.kubeScheduler.clientQPS) -}}
+{{- end -}}
+{{- if lt (int64 $s.extender.kubeAPIBurst) (int64 $s.kubeScheduler.clientBurst) -}}
+{{- include "gpuslice.fail" (printf "scheduler.extender.kubeAPIBurst=%v: must be at least scheduler.kubeScheduler.clientBurst (%v); the extender binds every GPU pod kube-scheduler schedules, one API request each" $s.extender.kubeAPIBurst $s.kubeScheduler.clientBurst) -}}
+{{- end -}}
 {{- if and (not $s.leaderElection.enabled) (gt (int $s.replicas) 1) -}}
 {{- include "gpuslice.fail" (printf "scheduler.leaderElection.enabled=false: needs scheduler.replicas=1 (got %v); schedulers without leader election would all schedule and bind the same pods" $s.replicas) -}}
 {{- end -}}

@@ -1,0 +1,72 @@
+package cluster
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	kubeschedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuslice/gpuslice/extender"
+)
+
+// TestSchedulerConfigLikeChart checks that the cluster's own kube-scheduler configuration sets
+// what the chart sets as the chart's defaults do (charts/gpuslice/values.yaml), and that the
+// extender it runs with its own defaults may bind as fast as kube-scheduler's client sends.
+func TestSchedulerConfigLikeChart(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "charts", "gpuslice", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		Scheduler struct {
+			SchedulerName            string `json:"schedulerName"`
+			PercentageOfNodesToScore int32  `json:"percentageOfNodesToScore"`
+			KubeScheduler            struct {
+				ClientQPS   float32 `json:"clientQPS"`
+				ClientBurst int32   `json:"clientBurst"`
+			} `json:"kubeScheduler"`
+			Extender struct {
+				KubeAPIQPS   float32 `json:"kubeAPIQPS"`
+				KubeAPIBurst int     `json:"kubeAPIBurst"`
+			} `json:"extender"`
+		} `json:"scheduler"`
+	}
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatalf("chart values: %v", err)
+	}
+	var cfg kubeschedulerconfigv1.KubeSchedulerConfiguration
+	if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	type settings struct {
+		QPS        float32
+		Burst      int32
+		Percentage map[string]*int32 // by profile
+	}
+	s := values.Scheduler
+	want := settings{
+		QPS: s.KubeScheduler.ClientQPS, Burst: s.KubeScheduler.ClientBurst,
+		Percentage: map[string]*int32{"default-scheduler": nil, s.SchedulerName: &s.PercentageOfNodesToScore},
+	}
+	got := settings{QPS: cfg.ClientConnection.QPS, Burst: cfg.ClientConnection.Burst, Percentage: map[string]*int32{}}
+	for _, p := range cfg.Profiles {
+		got.Percentage[*p.SchedulerName] = p.PercentageOfNodesToScore
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("kube-scheduler configuration against the chart's defaults (-want +got):\n%s", diff)
+	}
+
+	// The extender runs here without --kube-api-qps or --kube-api-burst.
+	x := extender.DefaultConfig()
+	if diff := cmp.Diff([]any{s.Extender.KubeAPIQPS, s.Extender.KubeAPIBurst}, []any{x.KubeAPIQPS, x.KubeAPIBurst}); diff != "" {
+		t.Errorf("extender defaults against the chart's scheduler.extender values (-want +got):\n%s", diff)
+	}
+	if x.KubeAPIQPS < cfg.ClientConnection.QPS || int64(x.KubeAPIBurst) < int64(cfg.ClientConnection.Burst) {
+		t.Errorf("extender client %v QPS, burst %d is below kube-scheduler's %v, %d", x.KubeAPIQPS, x.KubeAPIBurst, cfg.ClientConnection.QPS, cfg.ClientConnection.Burst)
+	}
+}
