@@ -152,7 +152,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 	}
 	if r, ok := n.summary.Reject(d.pod); ok {
 		// Turned away by the summary alone: most full nodes.
-		return toVerdict(vgpu.Placement{}, &vgpu.FitError{Reason: r})
+		return verdict{reason: r, unresolvable: r == vgpu.ReasonUnhealthy}
 	}
 	if v, ok := n.verdicts.get(d.key, n.gen); ok {
 		return v
