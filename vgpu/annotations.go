@@ -49,8 +49,9 @@ const (
 	// LabelHeartbeatValue is LabelHeartbeat's only value.
 	LabelHeartbeatValue = "true"
 	// AnnotationPodAllocation is on each Pod that asks for GPUs. The
-	// scheduler extender writes it (EncodePodAllocation) in Bind, before it
-	// posts the Binding, and never changes it afterwards. The device plugin
+	// scheduler extender writes it (EncodePodAllocation) in Bind, in the
+	// metadata of the Binding it posts, which the API server copies onto
+	// the pod with spec.nodeName; it never changes afterwards. The device plugin
 	// reads it (ParsePodAllocation) when the kubelet allocates or starts the
 	// pod's containers; the extender reads it to account for pods already
 	// placed. Readers trust it only on a pod bound to the same node; the
