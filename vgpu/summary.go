@@ -1,5 +1,7 @@
 package vgpu
 
+import "slices"
+
 // NodeSummary is one node laid out for many Fit calls: its inventory, what
 // its pods hold on each GPU in inventory order, and what Fit measures the
 // node by before a pod — its used capacity, and for one Workload its
@@ -31,6 +33,19 @@ type NodeSummary struct {
 	// nil or has no classes.
 	w    *Workload
 	frag *fragSummary
+	// cells are the healthy GPUs in inventory order, laid out for
+	// quickFit.
+	cells []gpuCell
+}
+
+// gpuCell is one healthy GPU as quickFit reads it: what it offers, what
+// the node's pods hold on it, and its used share, side by side.
+type gpuCell struct {
+	gi                     int
+	schedulableMiB, memMiB int64
+	cores, coresCap        int
+	slices, exclusive      int
+	share                  float64
 }
 
 // fragSummary is the node's fragmentation before a pod, for one workload.
@@ -44,6 +59,9 @@ type fragSummary struct {
 	// shapes.
 	free  []float64
 	masks []uint64
+	// cnt and sum are fragModel.stats of the node without the pod.
+	cnt []int
+	sum []float64
 	// before is the node's fragmentation (Placement.FragmentationBefore).
 	before float64
 }
@@ -67,6 +85,11 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 		if u == (GPUUsage{}) {
 			s.untouched++
 		}
+		s.cells = append(s.cells, gpuCell{
+			gi: gi, schedulableMiB: g.SchedulableMemoryMiB, memMiB: u.MemoryMiB,
+			cores: u.CoresPercent, coresCap: g.CoresPercent, slices: u.Slices, exclusive: u.Exclusive,
+			share: usedShare(g, u, s.inv.SplitCount),
+		})
 		if u.Exclusive == 0 && u.Slices < s.inv.SplitCount {
 			s.sliceable++
 			s.largestFreeMiB = max(s.largestFreeMiB, g.SchedulableMemoryMiB-u.MemoryMiB)
@@ -99,6 +122,9 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	}
 	st.env.frag = m
 	f.before = m.node(st, false)
+	// node left the base's counts in m: rank's stats for a pod that holds
+	// nothing yet.
+	f.cnt, f.sum = slices.Clone(m.cnt), slices.Clone(m.sum)
 	f.model = fragModel{w: w, weight: m.weight}
 	s.frag = f
 	return s
@@ -146,9 +172,121 @@ func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
 // Usage, HostFree of the node summarized}, opts), with the same result.
 // Safe for concurrent use.
 func (s *NodeSummary) Fit(pod PodDemand, opts FitOptions) (Placement, error) {
+	if p, err, ok := s.quickFit(pod, opts); ok {
+		return p, err
+	}
 	var buf fitBuffers
 	state := initFitStateFrom(pod.Request, s.inv, s.base, s.healthy, &buf)
 	env := fitEnv{hostFree: s.hostFree, summary: s}
 	state.env = &env
 	return fitOn(pod, &state, s.inv.Node, opts)
+}
+
+// quickFit is Fit for the commonest pod — one app container, one slice of
+// one GPU, no model or UUID filter — read from the summary's cells rather
+// than the inventory, with the same result to the bit. ok is false when it
+// cannot answer: another pod, host resources known, another workload for
+// the fragmentation policy, or a failure that needs Fit's message.
+func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err error, ok bool) {
+	cs, c := pod.Request.Containers, pod.Constraints
+	if len(cs) != 1 || cs[0].Init || cs[0].GPUs != 1 || cs[0].Exclusive || s.hostFree != nil ||
+		len(c.Models) > 0 || len(c.ExcludeModels) > 0 || len(c.UUIDs) > 0 || len(c.ExcludeUUIDs) > 0 {
+		return Placement{}, nil, false
+	}
+	cr := cs[0]
+	p = Placement{
+		Allocation:  PodAllocation{Node: s.inv.Node},
+		NodePolicy:  resolve(c.NodePolicy, opts.NodePolicy),
+		GPUPolicy:   resolve(c.GPUPolicy, opts.GPUPolicy),
+		HealthyGPUs: s.healthy,
+	}
+	frag := p.NodePolicy == PolicyFragmentation || p.GPUPolicy == PolicyFragmentation
+	if frag && (s.frag == nil || opts.Workload != s.w || s.frag.masks == nil) {
+		return Placement{}, nil, false
+	}
+	// The filters of fitState.choose and check, in their order.
+	split := s.inv.SplitCount
+	var f filterCounts
+	f.healthy, f.model, f.uuid = s.healthy, s.healthy, s.healthy
+	best := -1
+	var bestKey, bestUsed float64
+	var bestUse GPUUsage
+	var st fitState // for the fragmentation model's delta, built on first use
+	for i := range s.cells {
+		cell := &s.cells[i]
+		use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
+		if cr.MemoryMiB == 0 {
+			use.MemoryMiB = cell.schedulableMiB * int64(cr.MemoryPercent) / MaxPercent
+		}
+		if cell.exclusive != 0 || cell.slices+1 > split {
+			continue
+		}
+		f.slices++
+		if use.MemoryMiB <= 0 || cell.memMiB+use.MemoryMiB > cell.schedulableMiB {
+			continue
+		}
+		f.memory++
+		if cell.cores+use.CoresPercent > cell.coresCap {
+			continue
+		}
+		// fitState.rank's key; ties go to the fuller GPU, then the lower
+		// position, as its stable sort does.
+		var key float64
+		switch p.GPUPolicy {
+		case PolicySpread:
+			key = cell.share
+		case PolicyFragmentation:
+			if st.node.Node == "" {
+				st.node = s.inv
+			}
+			before := s.base[cell.gi]
+			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: s.frag.model.weight}
+			key = m.delta(&st, cell.gi, before, before.add(use, 1))
+		default:
+			key = -cell.share
+		}
+		if best < 0 || key < bestKey || key == bestKey && cell.share > bestUsed {
+			best, bestKey, bestUsed, bestUse = i, key, cell.share, use
+		}
+	}
+	if best < 0 {
+		if !opts.ReasonOnly {
+			return Placement{}, nil, false // Fit words the message
+		}
+		reason := f.reason(1)
+		if f.slices >= 1 && f.memory >= 1 {
+			reason = ReasonInsufficientCores
+		}
+		return Placement{}, &FitError{Reason: reason, Container: 0}, true
+	}
+	chosen := &s.cells[best]
+	if !opts.NoAllocation {
+		p.Allocation.Containers = []ContainerAllocation{{Name: cr.Name, GPUs: []GPUSlice{{
+			UUID: s.inv.GPUs[chosen.gi].UUID, MemoryMiB: bestUse.MemoryMiB, CoresPercent: bestUse.CoresPercent,
+		}}}}
+	}
+	if opts.Unscored {
+		return p, nil, true
+	}
+	// fitState.measure: the used capacity summed in GPU order, the chosen
+	// GPU holding the slice too.
+	for i := range s.cells {
+		cell := &s.cells[i]
+		if i != best {
+			p.UsedAfter += cell.share
+			continue
+		}
+		p.UsedAfter += usedShare(&s.inv.GPUs[cell.gi], s.base[cell.gi].add(bestUse, 1), split)
+	}
+	p.UsedBefore = s.usedBefore
+	if p.NodePolicy == PolicyFragmentation {
+		var buf fitBuffers
+		state := initFitStateFrom(pod.Request, s.inv, s.base, s.healthy, &buf)
+		env := fitEnv{workload: s.w, summary: s}
+		state.env = &env
+		state.own[chosen.gi] = bestUse
+		p.FragmentationAfter = state.fragModel().node(&state, true)
+		p.FragmentationBefore = s.frag.before
+	}
+	return p, nil, true
 }

@@ -37,6 +37,9 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 					state := vgpu.NodeState{Inventory: node, Usage: usage, HostFree: host}
 					sum := vgpu.Summarize(state, w)
 					d := randomDemand(rng, node)
+					if rng.IntN(2) == 0 {
+						d = oneSliceDemand(rng)
+					}
 					if rng.IntN(3) == 0 {
 						d.Host = vgpu.HostResources{CPUMilli: int64(rng.IntN(8000)), MemoryMiB: int64(rng.IntN(32768))}
 					}
@@ -50,8 +53,9 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 					}
 					var placed vgpu.Placement
 					for _, ow := range []*vgpu.Workload{w, other} {
-						for _, unscored := range []bool{false, true} {
-							opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyBinpack, Workload: ow, Unscored: unscored}
+						for _, variant := range []int{0, 1, 2, 3} {
+							unscored, reasonOnly := variant&1 != 0, variant&2 != 0
+							opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyBinpack, Workload: ow, Unscored: unscored, ReasonOnly: reasonOnly}
 							want, wantErr := vgpu.Fit(d, state, opts)
 							got, gotErr := sum.Fit(d, opts)
 							compared++
@@ -136,4 +140,19 @@ func TestSummaryReject(t *testing.T) {
 	if unfit == 0 || decided < unfit/2 {
 		t.Errorf("Reject decided %d of %d pods that do not fit; want at least half", decided, unfit)
 	}
+}
+
+// oneSliceDemand is a random pod of one container asking for one slice of
+// one GPU without filters: the pods NodeSummary.Fit answers from its cells.
+func oneSliceDemand(rng *rand.Rand) vgpu.PodDemand {
+	c := vgpu.ContainerRequest{Name: "main", GPUs: 1, CoresPercent: []int{0, 10, 25, 50}[rng.IntN(4)]}
+	if rng.IntN(3) == 0 {
+		c.MemoryPercent = 1 + rng.IntN(100)
+	} else {
+		c.MemoryMiB = int64(256 * (1 + rng.IntN(40)))
+	}
+	var cons vgpu.Constraints
+	cons.GPUPolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation}[rng.IntN(4)]
+	cons.NodePolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation}[rng.IntN(4)]
+	return vgpu.PodDemand{Request: vgpu.PodRequest{Containers: []vgpu.ContainerRequest{c}}, Constraints: cons}
 }
