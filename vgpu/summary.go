@@ -285,7 +285,17 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		env := fitEnv{workload: s.w, summary: s}
 		state.env = &env
 		state.own[chosen.gi] = bestUse
-		p.FragmentationAfter = state.fragModel().node(&state, true)
+		// The model of fitState.fragModel, kept on the stack.
+		n := len(s.w.shapes)
+		var cnt [16]int
+		var sum [16]float64
+		m := fragModel{w: s.w, weight: s.frag.model.weight}
+		if n <= len(cnt) {
+			m.cnt, m.sum = cnt[:n], sum[:n]
+		} else {
+			m.cnt, m.sum = make([]int, n), make([]float64, n)
+		}
+		p.FragmentationAfter = m.node(&state, true)
 		p.FragmentationBefore = s.frag.before
 	}
 	return p, nil, true
