@@ -181,14 +181,14 @@ func (s *Scheduler) reserve(node string, d *demand) (*podEntry, error) {
 			return nil, err
 		}
 	}
-	raw, err := vgpu.EncodePodAllocation(v.placement.Allocation)
+	raw, err := vgpu.EncodePodAllocation(*v.allocation)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	st.removeLocked(st.pods[d.uid]) // a stale count of this pod
 	e := &podEntry{
 		uid: d.uid, node: node,
-		raw: raw, alloc: v.placement.Allocation, req: d.pod.Request, reserved: true,
+		raw: raw, alloc: *v.allocation, req: d.pod.Request, reserved: true,
 	}
 	st.addLocked(e)
 	return e, nil

@@ -93,10 +93,10 @@ func demandOf(pod *corev1.Pod) (demand, error) {
 // verdict is the outcome for one node.
 type verdict struct {
 	// fits is true when the pod fits; score is then its node score scaled
-	// to kube-scheduler's range, and, for a bind, placement is set.
+	// to kube-scheduler's range, and, for a bind, allocation is set.
 	fits      bool
 	score     int64
-	placement vgpu.Placement
+	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
 	// found without one (vgpu.FitOptions.ReasonOnly); container then names
 	// the container that does not fit, for vgpu.NeedMessage.
@@ -160,16 +160,19 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 	// Only a bind needs the allocation, and binds fit afresh.
 	opts.NoAllocation = true
 	v := toVerdict(n.summary.Fit(d.pod, opts))
-	v.placement = vgpu.Placement{}
 	n.verdicts.put(d.key, n.gen, v)
 	return v
 }
 
 // toVerdict turns Fit's answer into a verdict; a fitting scored placement
-// gets its scaled score.
+// gets its scaled score, and its allocation when it has containers.
 func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
-		return verdict{fits: true, placement: p, score: scaleScore(vgpu.Score(p).Value)}
+		v := verdict{fits: true, score: scaleScore(vgpu.Score(p).Value)}
+		if len(p.Allocation.Containers) > 0 {
+			v.allocation = &p.Allocation
+		}
+		return v
 	}
 	var fe *vgpu.FitError
 	if !errors.As(err, &fe) {
