@@ -170,12 +170,15 @@ func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
 		v := verdict{fits: true, score: scaleScore(vgpu.Score(p).Value)}
 		if len(p.Allocation.Containers) > 0 {
-			v.allocation = &p.Allocation
+			a := p.Allocation
+			v.allocation = &a
 		}
 		return v
 	}
-	var fe *vgpu.FitError
-	if !errors.As(err, &fe) {
+	// Fit returns its *FitError unwrapped; a type assertion, unlike
+	// errors.As, costs no allocation per node turned away.
+	fe, ok := err.(*vgpu.FitError) //nolint:errorlint // see above
+	if !ok {
 		return rejected("", false, "%s", err.Error())
 	}
 	v := verdict{reason: fe.Reason, message: fe.Message, container: fe.Container}
