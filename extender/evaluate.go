@@ -94,8 +94,8 @@ func demandOf(pod *corev1.Pod) (demand, error) {
 type verdict struct {
 	// fits is true when the pod fits; score is then its node score scaled
 	// to kube-scheduler's range, and, for a bind, allocation is set.
-	fits      bool
-	score     int64
+	fits       bool
+	score      int64
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
 	// found without one (vgpu.FitOptions.ReasonOnly); container then names
