@@ -212,8 +212,9 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 // trimmer returns the informers' transform: it drops from each object
 // what the extender never reads, to keep cluster-wide caches small. Of a
 // Pod it keeps its identity, its hami.io/ annotations (not, say, kubectl's
-// last-applied-configuration), node, containers' names and resources, init
-// containers' restart policy and phase. Of a Node it keeps its identity,
+// last-applied-configuration), node, phase and — only for a pod that asks
+// for a hami.io resource or carries hami.io/ annotations — its containers'
+// names, resources and restart policies. Of a Node it keeps its identity,
 // the ready label, the inventory annotation and the allocatable of
 // resource (not its images, conditions or other status). Of anything else,
 // all but the managed fields.
@@ -229,6 +230,11 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 				},
 				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
 				Status: corev1.PodStatus{Phase: o.Status.Phase},
+			}
+			if p.Annotations == nil && !asksGPU(o.Spec.InitContainers) && !asksGPU(o.Spec.Containers) {
+				// Most pods of a cluster: the extender never counts or
+				// binds them, so their containers are not kept at all.
+				return p, nil
 			}
 			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
 			p.Spec.Containers = trimContainers(o.Spec.Containers)
@@ -265,6 +271,20 @@ func keepAnnotations(in map[string]string) map[string]string {
 		}
 	}
 	return out
+}
+
+// asksGPU reports whether any of cs requests or limits a hami.io resource.
+func asksGPU(cs []corev1.Container) bool {
+	for _, c := range cs {
+		for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+			for name := range list {
+				if strings.HasPrefix(string(name), vgpu.AnnotationPrefix) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func trimContainers(cs []corev1.Container) []corev1.Container {

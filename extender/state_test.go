@@ -180,6 +180,17 @@ func TestTrim(t *testing.T) {
 		t.Errorf("trimmed pod kept labels, env or annotations other than hami.io/: %+v", trimmed)
 	}
 
+	// A pod that asks for no GPU keeps no containers at all.
+	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Obj()
+	plain.Spec.NodeName = "n1"
+	obj, err = trim(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp := obj.(*corev1.Pod); tp.Spec.Containers != nil || tp.Spec.NodeName != "n1" || tp.UID != plain.UID {
+		t.Errorf("trimmed plain pod: %+v; want identity and node, no containers", tp)
+	}
+
 	inv := vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()
 	node := vgputest.PublishedNode(inv).Obj()
 	node.Labels["kubernetes.io/hostname"] = "n1"
