@@ -29,6 +29,11 @@ type Options struct {
 	PluginPath, ExtenderPath, WebhookPath string
 	// ExtenderArgs and WebhookArgs are extra flags for the extender and the webhook.
 	ExtenderArgs, WebhookArgs []string
+	// SchedulerConfig, when set, is the KubeSchedulerConfiguration (YAML) kube-scheduler runs
+	// with instead of the built-in stock and gpuslice profiles. Start sets its
+	// clientConnection.kubeconfig and the urlPrefix of each of its extenders to the cluster's
+	// own, and changes nothing else. Ignored with Chart.
+	SchedulerConfig string
 	// Chart, when set, installs gpuslice with helm and runs the components as the chart's
 	// Deployments and DaemonSets say (see ChartOptions) instead of with the flags above.
 	Chart *ChartOptions
@@ -170,7 +175,7 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	if err := c.startWebhook(ctx, opts.WebhookArgs); err != nil {
 		return err
 	}
-	if err := c.startScheduler(ctx, extenderPort); err != nil {
+	if err := c.startScheduler(ctx, extenderPort, opts.SchedulerConfig); err != nil {
 		return err
 	}
 	return c.addNodes(ctx, opts.Nodes)

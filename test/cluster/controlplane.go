@@ -143,14 +143,22 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 }
 
 // startScheduler starts kube-scheduler with the stock and gpuslice profiles, the latter calling the
-// extender on extenderPort, and waits for its /healthz.
-func (c *Cluster) startScheduler(ctx context.Context, extenderPort int) error {
+// extender on extenderPort, and waits for its /healthz. A non-empty config replaces the profiles
+// (Options.SchedulerConfig).
+func (c *Cluster) startScheduler(ctx context.Context, extenderPort int, config string) error {
 	dir := filepath.Join(c.State.Dir, "kube-scheduler")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create scheduler folder: %w", err)
 	}
+	doc := schedulerConfig(c.State.Kubeconfig, extenderPort)
+	if config != "" {
+		var err error
+		if doc, err = pointSchedulerConfig(config, c.State.Kubeconfig, extenderPort); err != nil {
+			return err
+		}
+	}
 	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte(schedulerConfig(c.State.Kubeconfig, extenderPort)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
 		return fmt.Errorf("write scheduler configuration: %w", err)
 	}
 	return c.startKubeScheduler(ctx, filepath.Join(c.State.BinDir, "kube-scheduler"), []string{"--config=" + cfg}, nil)

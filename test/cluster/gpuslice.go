@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	certutil "k8s.io/client-go/util/cert"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -73,6 +74,38 @@ extenders:
 		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: true\n", r)
 	}
 	return b.String()
+}
+
+// pointSchedulerConfig returns the KubeSchedulerConfiguration config with clientConnection.kubeconfig
+// set to kubeconfig and every extender's urlPrefix to the extender on extenderPort (plain HTTP on
+// loopback); everything else is kept as given.
+func pointSchedulerConfig(config, kubeconfig string, extenderPort int) (string, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(config), &doc); err != nil {
+		return "", fmt.Errorf("scheduler configuration: %w", err)
+	}
+	if doc == nil {
+		return "", errors.New("scheduler configuration: empty document")
+	}
+	cc, _ := doc["clientConnection"].(map[string]any)
+	if cc == nil {
+		cc = map[string]any{}
+	}
+	cc["kubeconfig"] = kubeconfig
+	doc["clientConnection"] = cc
+	extenders, _ := doc["extenders"].([]any)
+	for i, e := range extenders {
+		m, ok := e.(map[string]any)
+		if !ok {
+			return "", fmt.Errorf("scheduler configuration: extenders[%d] is a %T, want a mapping", i, e)
+		}
+		m["urlPrefix"] = "http://127.0.0.1:" + strconv.Itoa(extenderPort)
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return "", fmt.Errorf("scheduler configuration: %w", err)
+	}
+	return string(out), nil
 }
 
 // startExtender starts the gpuslice scheduler extender on a free loopback port and waits for its
