@@ -45,6 +45,16 @@ test: cluster ## The test command: unit tests, real kubelet/API server tests and
 e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
 
+# make bench-scale: node counts (comma-separated) and, optionally, pods per phase and a phase deadline.
+SCALE_NODES         ?= 100,1000,5000
+SCALE_PODS          ?=
+SCALE_PHASE_TIMEOUT ?= 5m
+
+.PHONY: bench-scale
+bench-scale: cluster ## Scale harness: plain vs GPU pods to bound on SCALE_NODES hollow 8-GPU nodes (default 100,1000,5000); prints the table.
+	cd test && SCALE_NODES=$(SCALE_NODES) SCALE_PODS=$(SCALE_PODS) SCALE_PHASE_TIMEOUT=$(SCALE_PHASE_TIMEOUT) \
+		go test -count=1 -timeout 180m -run '^TestBenchScale$$' -v ./scale/
+
 .PHONY: demo
 demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).
 	cd test && go run ./cmd/gpuslice-demo up

@@ -1,0 +1,105 @@
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Phase names of Bench.
+const (
+	PhasePlain = "plain"
+	PhaseGPU   = "gpu"
+)
+
+// BenchConfig is one Bench run.
+type BenchConfig struct {
+	// Harness is the cluster to start; its Nodes are the hollow nodes.
+	Harness Config
+	// Pods is N, the pods of each phase; required.
+	Pods int
+	// Seed draws the GPU pods' slice sizes from SliceMix.
+	Seed uint64
+	// PhaseTimeout bounds each phase (Phase.Timeout).
+	PhaseTimeout time.Duration
+}
+
+// BenchResult is what Bench measured on one cluster.
+type BenchResult struct {
+	// Nodes and GPUs count the hollow nodes and their GPUs; Models says the GPU models.
+	Nodes, GPUs int
+	Models      string
+	// Pods is N.
+	Pods int
+	// Plain is N plain pods through the default profile; GPU is N GPU pods through the gpuslice
+	// profile, in a cluster emptied of the plain pods again.
+	Plain, GPU PhaseResult
+	// Check is the correctness check of the GPU pods bound.
+	Check CheckResult
+	// HeartbeatRenewals and HeartbeatFailures count the Lease renewals the harness sent.
+	HeartbeatRenewals, HeartbeatFailures int64
+	// HeartbeatError is the last renewal error, if any.
+	HeartbeatError string
+	// Profile is the chart's scheduler configuration kube-scheduler ran.
+	Profile ChartProfile
+}
+
+// Ratio is the GPU phase's pods/s over the plain phase's.
+func (r BenchResult) Ratio() float64 {
+	if p := r.Plain.PodsPerSecond(); p > 0 {
+		return r.GPU.PodsPerSecond() / p
+	}
+	return 0
+}
+
+// Bench starts a harness, runs N plain pods, deletes them, runs N GPU pods, checks the GPU pods'
+// allocations and stops the harness. Only a harness error is returned; a failed check is in
+// the result.
+func Bench(ctx context.Context, cfg BenchConfig) (res BenchResult, err error) {
+	if cfg.Pods <= 0 {
+		return res, errors.New("bench config: Pods must be above 0")
+	}
+	res = BenchResult{Nodes: len(cfg.Harness.Nodes), GPUs: gpuCount(cfg.Harness.Nodes), Models: modelMix(cfg.Harness.Nodes), Pods: cfg.Pods}
+	h, err := Start(ctx, cfg.Harness)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if stopErr := h.Stop(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+	}()
+	res.Profile = h.Profile
+	if res.Plain, err = h.RunPhase(ctx, Phase{Name: PhasePlain, Pods: PlainPods(PhasePlain, cfg.Pods), Timeout: cfg.PhaseTimeout}); err != nil {
+		return res, err
+	}
+	if err := h.DeletePhase(ctx, PhasePlain); err != nil {
+		return res, err
+	}
+	if res.GPU, err = h.RunPhase(ctx, Phase{Name: PhaseGPU, Pods: GPUPods(PhaseGPU, cfg.Pods, SliceMix, cfg.Seed), Timeout: cfg.PhaseTimeout}); err != nil {
+		return res, err
+	}
+	res.Check = h.Check(PhaseGPU)
+	res.HeartbeatRenewals, res.HeartbeatFailures = h.heartbeats.renewals.Load(), h.heartbeats.failures.Load()
+	res.HeartbeatError = h.heartbeats.lastError()
+	if res.Check.Pods != res.GPU.Bound {
+		// Binds in flight at the deadline may land after it; say so rather than fail.
+		h.cfg.Logf("checked %d bound GPU pods; %d were bound at the phase's end", res.Check.Pods, res.GPU.Bound)
+	}
+	return res, nil
+}
+
+// PodsFor is the default N for a cluster of nodes hollow nodes: 2 per node up to 1,000 nodes
+// (2,000 at 1,000 nodes), then 1 per node, so that 5,000 nodes get 5,000 pods per phase.
+func PodsFor(nodes int) int {
+	if nodes <= 1000 {
+		return 2 * nodes
+	}
+	return max(2000, nodes)
+}
+
+// describe is a one-line summary of r for logs.
+func (r BenchResult) describe() string {
+	return fmt.Sprintf("%d nodes, N=%d: plain %.1f pods/s, GPU %.1f pods/s, ratio %.3f", r.Nodes, r.Pods, r.Plain.PodsPerSecond(), r.GPU.PodsPerSecond(), r.Ratio())
+}

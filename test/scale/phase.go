@@ -1,0 +1,350 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+)
+
+// Defaults of Phase.
+const (
+	// DefaultPhaseTimeout bounds a phase's wait for its pods to be bound.
+	DefaultPhaseTimeout = 5 * time.Minute
+	// progressEvery is how often a waiting phase logs its progress.
+	progressEvery = 10 * time.Second
+)
+
+// Phase is one batch of pods sent through the scheduler at once.
+type Phase struct {
+	// Name is the value of the pods' LabelPhase; it must be unique per harness.
+	Name string
+	// Pods are created in order, as fast as Config.Workers requests in flight allow, in the
+	// harness's namespace and with LabelPhase set (the given objects are not changed).
+	Pods []*corev1.Pod
+	// Timeout bounds the wait for every pod to be bound, counted from the first create; 0 means
+	// DefaultPhaseTimeout. A phase that runs out reports what was bound by then.
+	Timeout time.Duration
+}
+
+// PhaseResult is what one phase measured.
+type PhaseResult struct {
+	// Name is the phase's.
+	Name string
+	// Pods is how many were created; Bound how many were bound before the deadline;
+	// Unschedulable how many of the rest kube-scheduler last marked unschedulable.
+	Pods, Bound, Unschedulable int
+	// CreateTime is from the first create to the last create's answer; Elapsed from the first
+	// create to the last pod bound, or to the deadline when TimedOut.
+	CreateTime, Elapsed time.Duration
+	TimedOut            bool
+	// API counts the API server's requests during the phase, by kind.
+	API Requests
+	// ExtenderDurations is the extender's request-duration histogram of the phase, by verb;
+	// Binds its Bind calls by result (extender.BindSuccess, …).
+	ExtenderDurations map[string]histogram
+	Binds             map[string]float64
+	// Memory is each control-plane process's memory right after the phase, by name.
+	Memory map[string]Memory
+}
+
+// PodsPerSecond is Bound over Elapsed.
+func (r PhaseResult) PodsPerSecond() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Bound) / r.Elapsed.Seconds()
+}
+
+// Memory is one process's resident memory now and at its peak, in KiB.
+type Memory struct {
+	RSSKiB, PeakKiB int64
+}
+
+// RunPhase creates the phase's pods and waits until all are bound or the phase's timeout
+// passes, scraping the API server's and the extender's metrics before and after. Only errors of
+// the harness itself (a create refused, a scrape failing) are returned.
+func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
+	res := PhaseResult{Name: p.Name, Pods: len(p.Pods)}
+	timeout := p.Timeout
+	if timeout == 0 {
+		timeout = DefaultPhaseTimeout
+	}
+	apiBefore, err := scrapeAPIServer(ctx, h.client)
+	if err != nil {
+		return res, err
+	}
+	extBefore, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+	if err != nil {
+		return res, err
+	}
+	h.watch.expect(p.Name)
+	start := time.Now()
+	err = parallel(ctx, len(p.Pods), h.cfg.Workers, func(ctx context.Context, i int) error {
+		pod := p.Pods[i].DeepCopy()
+		pod.Namespace = h.cfg.Namespace
+		if pod.Labels == nil {
+			pod.Labels = map[string]string{}
+		}
+		pod.Labels[LabelPhase] = p.Name
+		if _, err := h.client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("phase %s: create pod %s: %w", p.Name, pod.Name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.CreateTime = time.Since(start)
+	h.cfg.Logf("phase %s: %d pods created in %v", p.Name, len(p.Pods), res.CreateTime.Round(time.Millisecond))
+
+	res.TimedOut = !h.watch.waitBound(ctx, p.Name, len(p.Pods), start.Add(timeout), func(bound, unschedulable int) {
+		h.cfg.Logf("phase %s: %d/%d bound, %d unschedulable after %v", p.Name, bound, len(p.Pods), unschedulable, time.Since(start).Round(time.Second))
+	})
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	st := h.watch.phase(p.Name)
+	res.Bound, res.Unschedulable = st.bound, st.unschedulable
+	res.Elapsed = st.lastBound.Sub(start)
+	if res.TimedOut {
+		res.Elapsed = timeout
+	}
+
+	apiAfter, err := scrapeAPIServer(ctx, h.client)
+	if err != nil {
+		return res, err
+	}
+	extAfter, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+	if err != nil {
+		return res, err
+	}
+	res.API = apiAfter.sub(apiBefore)
+	res.ExtenderDurations = map[string]histogram{}
+	for verb, hist := range extAfter.durations {
+		res.ExtenderDurations[verb] = hist.sub(extBefore.durations[verb])
+	}
+	res.Binds = map[string]float64{}
+	for result, n := range extAfter.binds {
+		res.Binds[result] = n - extBefore.binds[result]
+	}
+	res.Memory = h.Memory()
+	return res, nil
+}
+
+// Memory returns the resident memory of the control-plane processes by name.
+func (h *Harness) Memory() map[string]Memory {
+	out := map[string]Memory{}
+	for _, name := range []string{cluster.ExtenderName, "kube-scheduler", "kube-apiserver", "etcd", cluster.WebhookName} {
+		if p := h.process(name); p != nil {
+			if rss, peak, err := p.Memory(); err == nil {
+				out[name] = Memory{RSSKiB: rss, PeakKiB: peak}
+			}
+		}
+	}
+	return out
+}
+
+// DeletePhase deletes the phase's pods at once (grace period 0: no kubelet would confirm) and
+// waits until the harness's watch has seen them all go.
+func (h *Harness) DeletePhase(ctx context.Context, name string) error {
+	err := h.client.CoreV1().Pods(h.cfg.Namespace).DeleteCollection(ctx,
+		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
+		metav1.ListOptions{LabelSelector: LabelPhase + "=" + name})
+	if err != nil {
+		return fmt.Errorf("delete the pods of phase %s: %w", name, err)
+	}
+	return waitUntil(ctx, 2*time.Minute, "the pods of phase "+name+" to go", func(context.Context) (bool, error) {
+		return h.watch.phase(name).present == 0, nil
+	})
+}
+
+// waitUntil polls cond every 200 ms until it holds, fails, or timeout (or ctx) ends.
+func waitUntil(ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) error {
+	began := time.Now()
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, cond); err != nil {
+		return fmt.Errorf("wait for %s (%v): %w", what, time.Since(began).Round(time.Millisecond), err)
+	}
+	return nil
+}
+
+// podWatch follows the harness's pods through one informer and keeps, per phase, how many exist,
+// how many were seen bound and when the last was, and which are marked unschedulable.
+type podWatch struct {
+	informer cache.SharedIndexInformer
+	// changed gets a value (without blocking) after every event that changed a count.
+	changed chan struct{}
+
+	mu     sync.Mutex
+	phases map[string]*phaseState
+	// bound holds the pods seen bound, so that each counts once.
+	bound map[types.UID]bool
+	// unschedulable holds the unbound pods whose PodScheduled condition says Unschedulable.
+	unschedulable map[types.UID]string
+}
+
+// phaseState is one phase's counts.
+type phaseState struct {
+	present, bound, unschedulable int
+	lastBound                     time.Time
+}
+
+// watchPods starts the informer on namespace's pods and waits for its first list.
+func watchPods(ctx context.Context, client kubernetes.Interface, namespace string) (*podWatch, error) {
+	w := &podWatch{changed: make(chan struct{}, 1), phases: map[string]*phaseState{}, bound: map[types.UID]bool{}, unschedulable: map[types.UID]string{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace))
+	w.informer = factory.Core().V1().Pods().Informer()
+	_, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.update(obj, true) },
+		UpdateFunc: func(_, obj any) { w.update(obj, false) },
+		DeleteFunc: w.remove,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pod watch: %w", err)
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+		return nil, fmt.Errorf("pod watch: cache did not sync: %w", ctx.Err())
+	}
+	return w, nil
+}
+
+// expect makes sure phase has counts, so that a wait reads zeros rather than nothing.
+func (w *podWatch) expect(phase string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stateLocked(phase)
+}
+
+func (w *podWatch) stateLocked(phase string) *phaseState {
+	s := w.phases[phase]
+	if s == nil {
+		s = &phaseState{}
+		w.phases[phase] = s
+	}
+	return s
+}
+
+// phase returns a copy of phase's counts.
+func (w *podWatch) phase(phase string) phaseState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return *w.stateLocked(phase)
+}
+
+func (w *podWatch) update(obj any, added bool) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	s := w.stateLocked(pod.Labels[LabelPhase])
+	if added {
+		s.present++
+	}
+	_, wasUnschedulable := w.unschedulable[pod.UID]
+	switch {
+	case pod.Spec.NodeName != "" && !w.bound[pod.UID]:
+		w.bound[pod.UID] = true
+		s.bound++
+		s.lastBound = now
+		if wasUnschedulable {
+			delete(w.unschedulable, pod.UID)
+			s.unschedulable--
+		}
+	case pod.Spec.NodeName == "" && unschedulable(pod) != wasUnschedulable:
+		if wasUnschedulable {
+			delete(w.unschedulable, pod.UID)
+			s.unschedulable--
+		} else {
+			w.unschedulable[pod.UID] = pod.Labels[LabelPhase]
+			s.unschedulable++
+		}
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *podWatch) remove(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	s := w.stateLocked(pod.Labels[LabelPhase])
+	s.present--
+	if _, ok := w.unschedulable[pod.UID]; ok {
+		delete(w.unschedulable, pod.UID)
+		s.unschedulable--
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *podWatch) signal() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// unschedulable reports whether kube-scheduler's last word on pod is Unschedulable.
+func unschedulable(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+		}
+	}
+	return false
+}
+
+// waitBound waits until want pods of phase are bound, deadline passes or ctx ends, calling
+// progress every progressEvery. It reports whether all were bound. Only one waiter may use w at
+// a time (it drains w.changed).
+func (w *podWatch) waitBound(ctx context.Context, phase string, want int, deadline time.Time, progress func(bound, unschedulable int)) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	ticker := time.NewTicker(progressEvery)
+	defer ticker.Stop()
+	for {
+		s := w.phase(phase)
+		if s.bound >= want {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return false
+		case <-ticker.C:
+			progress(s.bound, s.unschedulable)
+		case <-w.changed:
+		}
+	}
+}
+
+// pods returns the pods of phase in the watch's cache.
+func (w *podWatch) pods(phase string) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, obj := range w.informer.GetStore().List() {
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[LabelPhase] == phase {
+			out = append(out, pod)
+		}
+	}
+	return out
+}
