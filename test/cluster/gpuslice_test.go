@@ -3,6 +3,7 @@ package cluster
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -68,5 +69,53 @@ func TestSchedulerConfigLikeChart(t *testing.T) {
 	}
 	if x.KubeAPIQPS < cfg.ClientConnection.QPS || int64(x.KubeAPIBurst) < int64(cfg.ClientConnection.Burst) {
 		t.Errorf("extender client %v QPS, burst %d is below kube-scheduler's %v, %d", x.KubeAPIQPS, x.KubeAPIBurst, cfg.ClientConnection.QPS, cfg.ClientConnection.Burst)
+	}
+}
+
+func TestPointSchedulerConfig(t *testing.T) {
+	t.Parallel()
+	tests := map[string]struct {
+		in      string
+		want    map[string]any
+		wantErr string
+	}{
+		"kubeconfig and extender set, rest kept": {
+			in: "kind: KubeSchedulerConfiguration\nclientConnection:\n  qps: 200\npercentageOfNodesToScore: 100\nextenders:\n- urlPrefix: http://127.0.0.1:8888\n  bindVerb: bind\n",
+			want: map[string]any{
+				"kind":                     "KubeSchedulerConfiguration",
+				"clientConnection":         map[string]any{"qps": float64(200), "kubeconfig": "/k"},
+				"percentageOfNodesToScore": float64(100),
+				"extenders":                []any{map[string]any{"urlPrefix": "http://127.0.0.1:4242", "bindVerb": "bind"}},
+			},
+		},
+		"no client connection, no extenders": {
+			in:   "kind: KubeSchedulerConfiguration\n",
+			want: map[string]any{"kind": "KubeSchedulerConfiguration", "clientConnection": map[string]any{"kubeconfig": "/k"}},
+		},
+		"empty":           {in: "", wantErr: "empty document"},
+		"extender no map": {in: "extenders:\n- x\n", wantErr: "extenders[0] is a string"},
+		"not a mapping":   {in: "- a\n", wantErr: "scheduler configuration"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			out, err := pointSchedulerConfig(tc.in, "/k", 4242)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]any
+			if err := yaml.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("pointSchedulerConfig (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
