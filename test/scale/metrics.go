@@ -27,16 +27,16 @@ type Request struct {
 	Verb, Resource, Subresource string
 }
 
-// String renders r as "POST pods/binding".
+// String renders r as "POST pods/binding" (for a non-resource request, the API server's
+// subresource label holds the path: "GET /metrics").
 func (r Request) String() string {
-	s := r.Verb + " " + r.Resource
 	if r.Resource == "" {
-		s = r.Verb + " (non-resource)"
+		return r.Verb + " " + r.Subresource // a non-resource path, e.g. /metrics
 	}
 	if r.Subresource != "" {
-		s += "/" + r.Subresource
+		return r.Verb + " " + r.Resource + "/" + r.Subresource
 	}
-	return s
+	return r.Verb + " " + r.Resource
 }
 
 // Requests counts API requests by kind.

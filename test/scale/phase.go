@@ -348,3 +348,26 @@ func (w *podWatch) pods(phase string) []*corev1.Pod {
 	}
 	return out
 }
+
+// waitPod waits until the pod with uid is bound or marked unschedulable, deadline passes or ctx
+// ends, and says which. Only one waiter may use w at a time (it drains w.changed).
+func (w *podWatch) waitPod(ctx context.Context, uid types.UID, deadline time.Time) (bound, unschedulable bool) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		bound = w.bound[uid]
+		_, unschedulable = w.unschedulable[uid]
+		w.mu.Unlock()
+		if bound || unschedulable {
+			return bound, unschedulable
+		}
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-timer.C:
+			return false, false
+		case <-w.changed:
+		}
+	}
+}
