@@ -55,6 +55,14 @@ bench-scale: cluster ## Scale harness: plain vs GPU pods to bound on SCALE_NODES
 	cd test && SCALE_NODES=$(SCALE_NODES) SCALE_PODS=$(SCALE_PODS) SCALE_PHASE_TIMEOUT=$(SCALE_PHASE_TIMEOUT) \
 		go test -count=1 -timeout 180m -run '^TestBenchScale$$' -v ./scale/
 
+# make bench-fgd: the seed and policy of the FGD replay.
+FGD_SEED   ?= 42
+FGD_POLICY ?= fragmentation
+
+.PHONY: bench-fgd
+bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through kube-scheduler + extender; unallocated GPU beside gpuslice simulate's.
+	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
+
 .PHONY: demo
 demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).
 	cd test && go run ./cmd/gpuslice-demo up

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -156,14 +157,21 @@ func (h *Harness) Memory() map[string]Memory {
 	return out
 }
 
-// DeletePhase deletes the phase's pods at once (grace period 0: no kubelet would confirm) and
-// waits until the harness's watch has seen them all go.
+// DeletePhase deletes the phase's pods (grace period 0: no kubelet would confirm), one request
+// per pod with Config.Workers in flight (a DeleteCollection of 5,000 bound pods outlasts the API
+// server's request timeout), and waits until the harness's watch has seen them all go.
 func (h *Harness) DeletePhase(ctx context.Context, name string) error {
-	err := h.client.CoreV1().Pods(h.cfg.Namespace).DeleteCollection(ctx,
-		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
-		metav1.ListOptions{LabelSelector: LabelPhase + "=" + name})
+	pods := h.watch.pods(name)
+	err := parallel(ctx, len(pods), h.cfg.Workers, func(ctx context.Context, i int) error {
+		p := pods[i]
+		err := h.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("phase %s: delete pod %s: %w", name, p.Name, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("delete the pods of phase %s: %w", name, err)
+		return err
 	}
 	return waitUntil(ctx, 2*time.Minute, "the pods of phase "+name+" to go", func(context.Context) (bool, error) {
 		return h.watch.phase(name).present == 0, nil

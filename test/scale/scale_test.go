@@ -187,3 +187,51 @@ func TestBenchScale(t *testing.T) {
 	}
 	scale.WriteSummary(os.Stdout, results)
 }
+
+// TestReplayFGD is make bench-fgd: it runs only when FGD_SEED is set, and replays the FGD trace
+// (beside the repository) through kube-scheduler and the extender with policy FGD_POLICY
+// (default fragmentation), printing the real path's unallocated-GPU share beside
+// vgpu/simulate's for the same seed. Only a wrong allocation fails it.
+func TestReplayFGD(t *testing.T) {
+	seedText := os.Getenv("FGD_SEED")
+	if seedText == "" {
+		t.Skip("set FGD_SEED (e.g. 42) to replay the FGD trace through the scheduler: make bench-fgd")
+	}
+	requireCluster(t)
+	seed, err := strconv.ParseUint(seedText, 10, 64)
+	if err != nil {
+		t.Fatalf("FGD_SEED=%q: want a non-negative integer", seedText)
+	}
+	policy := simulate.Policy(os.Getenv("FGD_POLICY"))
+	if policy == "" {
+		policy = simulate.PolicyFragmentation
+	}
+	nf, err := os.Open(filepath.Join(traceDir, "openb_node_list_gpu_node.csv"))
+	if err != nil {
+		t.Fatalf("the FGD trace must be beside the repository: %v", err)
+	}
+	defer nf.Close()
+	rows, err := simulate.ReadNodes(nf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf, err := os.Open(filepath.Join(traceDir, "openb_pod_list_default.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	tasks, err := simulate.ReadTasks(tf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel()
+	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: harnessConfig(t, nil), Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale.WriteReplay(os.Stdout, res)
+	if err := res.Check.Err(); err != nil {
+		t.Errorf("the extender's allocations are wrong:\n%v", err)
+	}
+}
