@@ -86,16 +86,31 @@ func chartProfile(manifests []byte) (ChartProfile, error) {
 // default-scheduler profile added before the chart's own, so that one kube-scheduler process
 // schedules plain pods and GPU pods with the same client, extenders and top-level settings, and
 // with leader election off (one replica, and the chart's lock namespace does not exist here).
+// A non-empty profilePatch (a JSON merge patch, RFC 7386) is applied to each of the chart's
+// profiles, for experiments the chart has no value for (e.g. {"percentageOfNodesToScore":100}).
 // Everything else is kept as the chart renders it.
-func withDefaultProfile(config string) (string, error) {
+func withDefaultProfile(config, profilePatch string) (string, error) {
 	var doc map[string]any
 	if err := yaml.Unmarshal([]byte(config), &doc); err != nil {
 		return "", fmt.Errorf("chart scheduler configuration: %w", err)
 	}
+	var patch map[string]any
+	if profilePatch != "" {
+		if err := yaml.Unmarshal([]byte(profilePatch), &patch); err != nil || patch == nil {
+			return "", fmt.Errorf("profile patch %q: want a JSON object: %v", profilePatch, err)
+		}
+	}
 	profiles, _ := doc["profiles"].([]any)
-	for _, p := range profiles {
-		if m, ok := p.(map[string]any); ok && m["schedulerName"] == corev1.DefaultSchedulerName {
+	for i, p := range profiles {
+		m, ok := p.(map[string]any)
+		if !ok {
+			return "", fmt.Errorf("chart scheduler configuration: profiles[%d] is a %T, want a mapping", i, p)
+		}
+		if m["schedulerName"] == corev1.DefaultSchedulerName {
 			return "", errors.New("chart scheduler configuration: already has a default-scheduler profile")
+		}
+		if patch != nil {
+			profiles[i] = mergePatch(m, patch)
 		}
 	}
 	doc["profiles"] = append([]any{map[string]any{"schedulerName": corev1.DefaultSchedulerName}}, profiles...)
@@ -105,4 +120,24 @@ func withDefaultProfile(config string) (string, error) {
 		return "", fmt.Errorf("chart scheduler configuration: %w", err)
 	}
 	return string(out), nil
+}
+
+// mergePatch applies JSON merge patch (RFC 7386) patch to doc: objects merge key by key, null
+// removes a key, anything else replaces.
+func mergePatch(doc, patch map[string]any) map[string]any {
+	if doc == nil {
+		doc = map[string]any{}
+	}
+	for k, v := range patch {
+		switch pv := v.(type) {
+		case nil:
+			delete(doc, k)
+		case map[string]any:
+			dv, _ := doc[k].(map[string]any)
+			doc[k] = mergePatch(dv, pv)
+		default:
+			doc[k] = v
+		}
+	}
+	return doc
 }

@@ -47,7 +47,7 @@ func TestChartProfile(t *testing.T) {
 	if diff := cmp.Diff("address: 127.0.0.1:8888\nnodePolicy: binpack\n", p.ExtenderConfig); diff != "" {
 		t.Errorf("extender config (-want +got):\n%s", diff)
 	}
-	got, err := withDefaultProfile(p.SchedulerConfig)
+	got, err := withDefaultProfile(p.SchedulerConfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +66,27 @@ func TestChartProfile(t *testing.T) {
 	if diff := cmp.Diff(want, doc); diff != "" {
 		t.Errorf("withDefaultProfile (-want +got):\n%s", diff)
 	}
-	if _, err := withDefaultProfile(got); err == nil {
+	if _, err := withDefaultProfile(got, ""); err == nil {
 		t.Error("withDefaultProfile of a configuration with a default-scheduler profile: no error")
+	}
+	patched, err := withDefaultProfile(p.SchedulerConfig, `{"percentageOfNodesToScore":50,"plugins":{"score":{"disabled":[{"name":"*"}]}}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = nil
+	if err := yaml.Unmarshal([]byte(patched), &doc); err != nil {
+		t.Fatal(err)
+	}
+	wantProfiles := []any{
+		map[string]any{"schedulerName": "default-scheduler"},
+		map[string]any{"schedulerName": "gpuslice-scheduler", "percentageOfNodesToScore": float64(50),
+			"plugins": map[string]any{"score": map[string]any{"disabled": []any{map[string]any{"name": "*"}}}}},
+	}
+	if diff := cmp.Diff(wantProfiles, doc["profiles"]); diff != "" {
+		t.Errorf("withDefaultProfile with a patch: profiles (-want +got):\n%s", diff)
+	}
+	if _, err := withDefaultProfile(p.SchedulerConfig, "[1]"); err == nil {
+		t.Error("withDefaultProfile with a patch that is no object: no error")
 	}
 	if _, err := chartProfile([]byte("kind: ConfigMap\ndata:\n  other: x\n")); err == nil {
 		t.Error("chartProfile without the scheduler ConfigMap: no error")

@@ -43,6 +43,9 @@ type Config struct {
 	ExtenderPath, WebhookPath string
 	// ExtenderArgs are extra extender flags, after the chart's configuration file.
 	ExtenderArgs []string
+	// ProfilePatch, when set, is a JSON merge patch applied to the chart's scheduler profile,
+	// for settings the chart has no value for; empty runs the chart's profile as rendered.
+	ProfilePatch string
 	// HeartbeatInterval is how often each heartbeat Lease is renewed; 0 means the device
 	// plugin's default leaseRenew.
 	HeartbeatInterval time.Duration
@@ -103,7 +106,7 @@ func Start(ctx context.Context, cfg Config) (h *Harness, err error) {
 	if h.Profile, err = RenderChart(ctx, filepath.Join(cfg.BinDir, "helm"), cfg.ChartDir, cfg.ChartSet...); err != nil {
 		return nil, err
 	}
-	schedulerConfig, err := withDefaultProfile(h.Profile.SchedulerConfig)
+	schedulerConfig, err := withDefaultProfile(h.Profile.SchedulerConfig, cfg.ProfilePatch)
 	if err != nil {
 		return nil, err
 	}

@@ -132,7 +132,8 @@ func TestSmall(t *testing.T) {
 
 // TestBenchScale is make bench-scale: it runs only when SCALE_NODES lists node counts
 // (e.g. "100,1000,5000"), one cluster per count, N = scale.PodsFor(count) pods per phase
-// unless SCALE_PODS sets N, each phase bounded by SCALE_PHASE_TIMEOUT (default 5m). It prints
+// unless SCALE_PODS sets N, each phase bounded by SCALE_PHASE_TIMEOUT (default 5m), the chart's
+// profile patched with SCALE_PROFILE_PATCH when set (Config.ProfilePatch). It prints
 // each cluster's detail and a summary; only a wrong allocation fails it.
 func TestBenchScale(t *testing.T) {
 	list := os.Getenv("SCALE_NODES")
@@ -174,7 +175,9 @@ func TestBenchScale(t *testing.T) {
 			n = scale.PodsFor(count)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout+10*time.Minute)
-		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: harnessConfig(t, nodes), Pods: n, Seed: 1, PhaseTimeout: timeout})
+		hc := harnessConfig(t, nodes)
+		hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
+		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout})
 		cancel()
 		if err != nil {
 			t.Fatalf("%d nodes: %v", count, err)
@@ -190,7 +193,8 @@ func TestBenchScale(t *testing.T) {
 
 // TestReplayFGD is make bench-fgd: it runs only when FGD_SEED is set, and replays the FGD trace
 // (beside the repository) through kube-scheduler and the extender with policy FGD_POLICY
-// (default fragmentation), printing the real path's unallocated-GPU share beside
+// (default fragmentation) and SCALE_PROFILE_PATCH as in TestBenchScale, printing the real path's
+// unallocated-GPU share beside
 // vgpu/simulate's for the same seed. Only a wrong allocation fails it.
 func TestReplayFGD(t *testing.T) {
 	seedText := os.Getenv("FGD_SEED")
@@ -226,7 +230,9 @@ func TestReplayFGD(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
-	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: harnessConfig(t, nil), Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
+	hc := harnessConfig(t, nil)
+	hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
+	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: hc, Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
 	if err != nil {
 		t.Fatal(err)
 	}
