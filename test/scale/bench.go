@@ -3,7 +3,6 @@ package scale
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -97,9 +96,4 @@ func PodsFor(nodes int) int {
 		return 2 * nodes
 	}
 	return max(2000, nodes)
-}
-
-// describe is a one-line summary of r for logs.
-func (r BenchResult) describe() string {
-	return fmt.Sprintf("%d nodes, N=%d: plain %.1f pods/s, GPU %.1f pods/s, ratio %.3f", r.Nodes, r.Pods, r.Plain.PodsPerSecond(), r.GPU.PodsPerSecond(), r.Ratio())
 }

@@ -96,8 +96,11 @@ func withDefaultProfile(config, profilePatch string) (string, error) {
 	}
 	var patch map[string]any
 	if profilePatch != "" {
-		if err := yaml.Unmarshal([]byte(profilePatch), &patch); err != nil || patch == nil {
-			return "", fmt.Errorf("profile patch %q: want a JSON object: %v", profilePatch, err)
+		if err := yaml.Unmarshal([]byte(profilePatch), &patch); err != nil {
+			return "", fmt.Errorf("profile patch %q: want a JSON object: %w", profilePatch, err)
+		}
+		if patch == nil {
+			return "", fmt.Errorf("profile patch %q: want a JSON object", profilePatch)
 		}
 	}
 	profiles, _ := doc["profiles"].([]any)

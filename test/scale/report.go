@@ -94,7 +94,7 @@ func WriteSummary(w io.Writer, results []BenchResult) {
 			mib(r.GPU.Memory[cluster.ExtenderName].RSSKiB), mib(r.GPU.Memory["kube-scheduler"].RSSKiB), len(r.Check.Violations))
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "API req/GPU pod leaves out the heartbeat Lease renewals; RSS is after the GPU phase.")
+	fmt.Fprintln(w, "API req/GPU pod leaves out the heartbeat Lease renewals and counts every request of the phase (creates of pods not bound by a deadline too); RSS is after the GPU phase.")
 }
 
 // mib renders KiB as MiB.
