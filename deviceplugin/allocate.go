@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -65,9 +64,9 @@ var errNoPodView = errors.New("no API server configured (--kubeconfig or in-clus
 type allocator struct {
 	cfg    Config
 	inv    *inventory
-	pods   podSource            // nil: no API client, no allocations
-	lister podLister            // the kubelet's PodResources (coalesced)
-	events record.EventRecorder // nil: no events
+	pods   podSource     // nil: no API client, no allocations
+	lister podLister     // the kubelet's PodResources (coalesced)
+	events eventRecorder // nil: no events
 	claims *claimStore
 	clock  clock.WithTicker
 	t      timings

@@ -28,9 +28,11 @@
 // errors the kubelet retries and Warning events on the pod. Stale specs are
 // collected every minute.
 //
-// The GPU backend (NVML or fake GPUs) and the Kubernetes client are injected
-// through small interfaces, so tests run against the real kubelet device
-// manager with fake GPUs. ProbeHandler serves the probes and the plugin's
+// The GPU backend (NVML or fake GPUs) and the Kubernetes API (API: NewAPI,
+// or package clientset over a client-go clientset) are injected through
+// small interfaces, so tests run against the real kubelet device manager
+// with fake GPUs. NewAPI knows only the core and coordination.k8s.io/v1
+// types, so that the plugin's binary, and its resident memory, stay small. ProbeHandler serves the probes and the plugin's
 // Prometheus metrics (registrations, GPU health, Allocate and
 // PreStartContainer results; docs/metrics.md).
 package deviceplugin

@@ -7,9 +7,6 @@ import (
 	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
@@ -57,16 +54,20 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 	}
 	var stops []func()
 	if p.opts.Client != nil {
-		view, err := newPodView(p.opts.Client, p.cfg.NodeName)
+		view, err := newPodView(p.opts.Client.NodePods(p.cfg.NodeName), p.cfg.NodeName)
 		if err != nil {
 			return nil, nil, err
 		}
 		view.start(ctx)
 		a.pods = view
-		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.opts.Client.CoreV1().Events("")})
-		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName})
-		stops = append(stops, view.stop, broadcaster.Shutdown)
+		events := newEventWriter(p.opts.Client, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"))
+		eventsDone := make(chan struct{})
+		go func() {
+			defer close(eventsDone)
+			events.run(ctx)
+		}()
+		a.events = events
+		stops = append(stops, view.stop, func() { <-eventsDone })
 	} else {
 		logger.Info("No API server configured: GPU containers cannot get their allocation and will not start")
 	}

@@ -26,6 +26,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -153,7 +154,7 @@ func newHandoff(t *testing.T, mutate func(*Config)) *handoffFixture {
 		t.Fatal(err)
 	}
 	f := &handoffFixture{t: t, cfg: cfg, client: fake.NewClientset(), podRes: newFakePodResources(), events: record.NewFakeRecorder(100)}
-	if f.view, err = newPodView(f.client, cfg.NodeName); err != nil {
+	if f.view, err = newPodView(clientset.New(f.client).NodePods(cfg.NodeName), cfg.NodeName); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

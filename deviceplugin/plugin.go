@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -30,10 +29,11 @@ type GPUBackend interface {
 // Options are the plugin's injected parts. Zero fields take defaults.
 type Options struct {
 	// Client publishes inventory, heartbeat and label, watches the node's
-	// pods for their GPU allocations and records events. Nil disables all
-	// of that: the plugin still serves and registers, but refuses to start
-	// GPU containers, since it cannot read their allocations.
-	Client kubernetes.Interface
+	// pods for their GPU allocations and records events (NewAPI). Nil
+	// disables all of that: the plugin still serves and registers, but
+	// refuses to start GPU containers, since it cannot read their
+	// allocations.
+	Client API
 	// Clock drives lease renewal, retry timers and stale-spec collection.
 	// Default: the real clock.
 	Clock clock.WithTicker

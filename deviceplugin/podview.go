@@ -6,12 +6,8 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -36,14 +32,15 @@ type podSource interface {
 	HasSynced() bool
 }
 
-// podView is the real podSource: a client-go informer on the pods with
-// spec.nodeName=<node>. It costs one watch per node and no API call per
-// container start, and parses each pod's allocation once per pod update.
+// podView is the real podSource: an informer on the pods with
+// spec.nodeName=<node> (API.NodePods). It costs one watch per node and no
+// API call per container start, and parses each pod's allocation once per
+// pod update.
 type podView struct {
 	node     string
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	lister   corelisters.PodLister
+	done     chan struct{} // closed when the informer has stopped; nil before start
 
 	mu      sync.Mutex
 	changed chan struct{}
@@ -57,13 +54,11 @@ type parsedAllocation struct {
 	err   error
 }
 
-// newPodView prepares the informer; start runs it.
-func newPodView(client kubernetes.Interface, node string) (*podView, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-	}))
-	pods := factory.Core().V1().Pods()
-	v := &podView{node: node, factory: factory, informer: pods.Informer(), lister: pods.Lister(),
+// newPodView prepares the informer on lw, which lists and watches the
+// pods bound to node; start runs it.
+func newPodView(lw cache.ListerWatcher, node string) (*podView, error) {
+	informer := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	v := &podView{node: node, informer: informer, lister: corelisters.NewPodLister(informer.GetIndexer()),
 		changed: make(chan struct{}), allocs: map[types.UID]parsedAllocation{}}
 	// Managed fields are the bulk of a pod object and of no use here.
 	if err := v.informer.SetTransform(func(obj any) (any, error) {
@@ -85,8 +80,13 @@ func newPodView(client kubernetes.Interface, node string) (*podView, error) {
 }
 
 // start runs the informer until ctx ends; stop waits for it afterwards.
+// Call start once.
 func (v *podView) start(ctx context.Context) {
-	v.factory.Start(ctx.Done())
+	v.done = make(chan struct{})
+	go func() {
+		defer close(v.done)
+		v.informer.RunWithContext(ctx)
+	}()
 	go func() {
 		if cache.WaitForCacheSync(ctx.Done(), v.informer.HasSynced) {
 			v.notify()
@@ -94,8 +94,12 @@ func (v *podView) start(ctx context.Context) {
 	}()
 }
 
-// stop waits for the informer's goroutines once start's ctx has ended.
-func (v *podView) stop() { v.factory.Shutdown() }
+// stop waits for the informer to return once start's ctx has ended.
+func (v *podView) stop() {
+	if v.done != nil {
+		<-v.done
+	}
+}
 
 func (v *podView) notify() {
 	v.mu.Lock()

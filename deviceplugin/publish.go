@@ -12,13 +12,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
+
+// fieldManager is the plugin's name in the managed fields of what it writes.
+const fieldManager = "gpuslice-device-plugin"
 
 // Publishing back-off after API errors, and the time allowed for the final
 // "not ready" write when the plugin stops.
@@ -33,7 +35,7 @@ const (
 // and the heartbeat Lease (renewed every LeaseRenew). It never blocks the
 // kubelet side; failures are retried with back-off.
 type publisher struct {
-	client  kubernetes.Interface
+	client  API
 	cfg     Config
 	clock   clock.WithTicker
 	inv     *inventory
@@ -138,9 +140,8 @@ func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg 
 // they differ from what the Node holds. It reads the Node only when its
 // state is unknown (start, after an error).
 func (p *publisher) syncNode(ctx context.Context, inventory, ready string) error {
-	nodes := p.client.CoreV1().Nodes()
 	if !p.nodeKnown {
-		n, err := nodes.Get(ctx, p.cfg.NodeName, metav1.GetOptions{})
+		n, err := p.client.GetNode(ctx, p.cfg.NodeName)
 		if err != nil {
 			return fmt.Errorf("get node %s: %w", p.cfg.NodeName, err)
 		}
@@ -156,7 +157,7 @@ func (p *publisher) syncNode(ctx context.Context, inventory, ready string) error
 	if err != nil {
 		return fmt.Errorf("node patch: %w", err)
 	}
-	n, err := nodes.Patch(ctx, p.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpuslice-device-plugin"})
+	n, err := p.client.PatchNode(ctx, p.cfg.NodeName, patch, metav1.PatchOptions{FieldManager: fieldManager})
 	if err != nil {
 		return fmt.Errorf("patch node %s: %w", p.cfg.NodeName, err)
 	}
@@ -177,7 +178,6 @@ func (p *publisher) remember(n *corev1.Node) {
 // edited) is renewed at once and gets the label back, since readers watch
 // only labelled Leases.
 func (p *publisher) syncLease(ctx context.Context, reg registration) error {
-	leases := p.client.CoordinationV1().Leases(p.cfg.HeartbeatNamespace)
 	name := vgpu.HeartbeatLeaseName(p.cfg.NodeName)
 	heartbeat, err := vgpu.EncodePluginHeartbeat(vgpu.PluginHeartbeat{
 		Node:          p.cfg.NodeName,
@@ -191,10 +191,10 @@ func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 		return fmt.Errorf("encode heartbeat: %w", err)
 	}
 	if p.lease == nil {
-		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		l, err := p.client.GetLease(ctx, p.cfg.HeartbeatNamespace, name)
 		switch {
 		case apierrors.IsNotFound(err):
-			l, err = leases.Create(ctx, p.newLease(name, heartbeat), metav1.CreateOptions{FieldManager: "gpuslice-device-plugin"})
+			l, err = p.client.CreateLease(ctx, p.newLease(name, heartbeat), metav1.CreateOptions{FieldManager: fieldManager})
 			if err != nil {
 				return fmt.Errorf("create lease %s/%s: %w", p.cfg.HeartbeatNamespace, name, err)
 			}
@@ -225,7 +225,7 @@ func (p *publisher) syncLease(ctx context.Context, reg registration) error {
 	if len(l.OwnerReferences) == 0 && p.nodeUID != "" {
 		l.OwnerReferences = p.ownerReferences()
 	}
-	l, err = leases.Update(ctx, l, metav1.UpdateOptions{FieldManager: "gpuslice-device-plugin"})
+	l, err = p.client.UpdateLease(ctx, l, metav1.UpdateOptions{FieldManager: fieldManager})
 	if err != nil {
 		return fmt.Errorf("renew lease %s/%s: %w", p.cfg.HeartbeatNamespace, name, err)
 	}

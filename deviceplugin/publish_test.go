@@ -20,8 +20,12 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
+
+// The clientset adapter the tests run the plugin on is an API.
+var _ API = (*clientset.API)(nil)
 
 // publishFixture runs a publisher against client-go's fake clientset (a
 // stateful in-memory API) with a fake clock.
@@ -59,7 +63,7 @@ func newPublishFixture(t *testing.T, objs ...runtime.Object) *publishFixture {
 	if f.inv, err = newInventory(cfg, testGPUs()); err != nil {
 		t.Fatal(err)
 	}
-	if f.plugin, err = New(cfg, staticBackend{}, Options{Client: f.client, Clock: f.clock, PluginVersion: "v-test"}); err != nil {
+	if f.plugin, err = New(cfg, staticBackend{}, Options{Client: clientset.New(f.client), Clock: f.clock, PluginVersion: "v-test"}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -68,7 +72,7 @@ func newPublishFixture(t *testing.T, objs ...runtime.Object) *publishFixture {
 func (f *publishFixture) start() {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(f.t, ktesting.DefaultConfig)))
 	f.cancel = cancel
-	pub := &publisher{client: f.client, cfg: f.plugin.cfg, clock: f.clock, inv: f.inv, plugin: f.plugin, version: "v-test"}
+	pub := &publisher{client: clientset.New(f.client), cfg: f.plugin.cfg, clock: f.clock, inv: f.inv, plugin: f.plugin, version: "v-test"}
 	go func() {
 		defer close(f.done)
 		pub.run(ctx)

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -166,9 +165,10 @@ func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, 
 	return nvidia.Open(opts)
 }
 
-// kubeClient returns a client from kubeconfig, or in-cluster, or nil when
-// neither is available (the plugin then serves the kubelet only).
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+// kubeClient returns the plugin's API client from kubeconfig, or
+// in-cluster, or nil when neither is available (the plugin then serves the
+// kubelet only).
+func kubeClient(kubeconfig string) (deviceplugin.API, error) {
 	cfg, err := kubeclient.Config(kubeconfig, "gpuslice-device-plugin/"+version)
 	switch {
 	case errors.Is(err, rest.ErrNotInCluster):
@@ -176,5 +176,5 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	case err != nil:
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	return kubernetes.NewForConfig(cfg)
+	return deviceplugin.NewAPI(cfg)
 }

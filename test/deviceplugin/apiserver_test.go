@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/test/harness/apiserver"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -36,7 +37,7 @@ func TestAPIServerUnreachableAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubernetes.NewForConfig(restCfg)
+	client, err := deviceplugin.NewAPI(restCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -55,7 +56,7 @@ func newHandoffEnv(t *testing.T, mode deviceplugin.Mode) *handoffEnv {
 // start runs a plugin and waits until the kubelet has all its devices.
 func (h *handoffEnv) start() *runningPlugin {
 	h.t.Helper()
-	p := startPluginWith(h.t, h.dir, h.client, func(c *deviceplugin.Config) {
+	p := startPluginWith(h.t, h.dir, clientset.New(h.client), func(c *deviceplugin.Config) {
 		c.Mode = h.mode
 		c.PodResourcesSocket = h.socket
 	})

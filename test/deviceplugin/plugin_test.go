@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
@@ -46,7 +45,7 @@ type runningPlugin struct {
 
 // startPlugin runs a plugin on dir until stop or the end of the test.
 // client may be nil (no API server configured).
-func startPlugin(t *testing.T, dir string, client kubernetes.Interface) *runningPlugin {
+func startPlugin(t *testing.T, dir string, client deviceplugin.API) *runningPlugin {
 	t.Helper()
 	return startPluginWith(t, dir, client, nil)
 }
@@ -54,7 +53,7 @@ func startPlugin(t *testing.T, dir string, client kubernetes.Interface) *running
 // startPluginWith is startPlugin with configuration changes. By default the
 // plugin's CDI specs and state live in dir (the kubelet deletes only
 // sockets there) and nothing serves its PodResources socket.
-func startPluginWith(t *testing.T, dir string, client kubernetes.Interface, mutate func(*deviceplugin.Config)) *runningPlugin {
+func startPluginWith(t *testing.T, dir string, client deviceplugin.API, mutate func(*deviceplugin.Config)) *runningPlugin {
 	t.Helper()
 	fake, err := nvidia.NewFake(fakeGPUs, nodeName)
 	if err != nil {
