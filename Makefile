@@ -8,6 +8,11 @@ BIN        := $(OUT)/bin
 TOOLS      := $(OUT)/tools
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO_LDFLAGS := -X main.version=$(VERSION)
+# grpcnotrace drops gRPC's tracing package, which keeps html/template and so
+# every exported method in the binaries: the device plugin runs in about 29
+# MiB instead of 34 (docs/architecture.md). The Dockerfile, hack/build-cluster.sh
+# and the e2e tests build with the same tag.
+GO_TAGS    := grpcnotrace
 # go-nvml needs cgo; its headers warn about deprecated declarations.
 export CGO_ENABLED := 1
 export CGO_CFLAGS  := -Wno-deprecated-declarations
@@ -25,7 +30,7 @@ help: ## List the targets.
 
 .PHONY: build
 build: ## Build the binaries into _output/bin.
-	go build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
+	go build -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 .PHONY: image
 image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).

@@ -85,7 +85,7 @@ fi
 
 # 3. gpuslice's own binaries, from the working tree: always, since go build's cache makes it cheap.
 start=${SECONDS}
-(cd "${root}" && go build -o "${bin}/" ./cmd/gpuslice-device-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook)
+(cd "${root}" && go build -tags grpcnotrace -o "${bin}/" ./cmd/gpuslice-device-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook)
 log "built gpuslice-device-plugin, gpuslice-scheduler and gpuslice-webhook in $((SECONDS - start))s"
 
 log "done in $((SECONDS - total_start))s: ${bin}"

@@ -221,7 +221,7 @@ func (h *Harness) process(name string) *cluster.Process {
 // Build builds gpuslice-scheduler and gpuslice-webhook from the product module at root into
 // dir and returns their paths, so that a harness runs the code of the tree it is in.
 func Build(ctx context.Context, root, dir string) (extenderPath, webhookPath string, err error) {
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/gpuslice-scheduler", "./cmd/gpuslice-webhook") //nolint:gosec // G204: building this tree is the caller's request
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", dir+string(filepath.Separator), "./cmd/gpuslice-scheduler", "./cmd/gpuslice-webhook") //nolint:gosec // G204: building this tree is the caller's request
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("go build the extender and the webhook in %s: %w\n%s", root, err, out)
