@@ -241,7 +241,7 @@ func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool)
 	if n.unready != nil {
 		return *n.unready, false
 	}
-	l := s.state.leases[n.leaseName]
+	l := n.lease
 	maxAge := s.cfg.HeartbeatMaxAge.Duration
 	switch {
 	case l == nil:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -68,7 +69,15 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		result.Error = err.Error()
 		return result, nil
 	}
-	verdicts := make([]verdict, len(names))
+	// Every slot is written below; the slice goes back to the pool when
+	// the answer is built (it holds no state the answer points to but
+	// strings).
+	buf := verdictPool.Get().(*[]verdict)
+	defer verdictPool.Put(buf)
+	if cap(*buf) < len(names) {
+		*buf = make([]verdict, len(names))
+	}
+	verdicts := (*buf)[:len(names)]
 	seen := s.state.retries.seen()
 	switch {
 	case d.wantsGPU() && !s.Ready():
@@ -80,7 +89,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
 	default:
 		for i := range verdicts {
-			verdicts[i].fits = true
+			verdicts[i] = verdict{fits: true}
 		}
 	}
 	passed := make([]string, 0, len(names))
@@ -169,6 +178,10 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
 	return list, nil
 }
+
+// verdictPool holds Filter's per-node verdict slices between calls: at
+// thousands of nodes they are most of what a call allocates.
+var verdictPool = sync.Pool{New: func() any { return new([]verdict) }}
 
 // needKey names a reason-only Fit verdict's message: the reason and the
 // container.

@@ -54,8 +54,11 @@ type nodeState struct {
 	// name is the Node's name; index its position in clusterState.byIndex.
 	name  string
 	index int
-	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed once.
+	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed
+	// once; lease is that Lease's state while it exists, so Filter finds
+	// it without a lookup.
 	leaseName string
+	lease     *leaseState
 	// known is true while the Node object exists.
 	known bool
 	// rawInventory is the annotation value inventory and inventoryErr were
@@ -130,6 +133,7 @@ func (st *clusterState) nodeLocked(name string) *nodeState {
 		st.nodes[name] = n
 		st.byIndex = append(st.byIndex, n)
 		st.byLease[n.leaseName] = n
+		n.lease = st.leases[n.leaseName] // a Lease seen before its Node
 	}
 	return n
 }
@@ -211,6 +215,9 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	if l == nil {
 		l = &leaseState{}
 		st.leases[lease.Name] = l
+		if n := st.byLease[lease.Name]; n != nil {
+			n.lease = l
+		}
 	}
 	lastRenew := l.renewTime
 	l.renewTime = time.Time{}
@@ -245,6 +252,9 @@ func (st *clusterState) deleteLease(name string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	delete(st.leases, name)
+	if n := st.byLease[name]; n != nil {
+		n.lease = nil
+	}
 }
 
 // upsertPod records a pod added or updated. A pod counts when it is not
