@@ -41,7 +41,10 @@ type NodeSummary struct {
 // gpuCell is one healthy GPU as quickFit reads it: what it offers, what
 // the node's pods hold on it, and its used share, side by side.
 type gpuCell struct {
-	gi                     int
+	gi int
+	// model is the position of the first GPU of the node with this GPU's
+	// model, so that cells compare models without reading the inventory.
+	model                  int
 	schedulableMiB, memMiB int64
 	cores, coresCap        int
 	slices, exclusive      int
@@ -85,8 +88,15 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 		if u == (GPUUsage{}) {
 			s.untouched++
 		}
+		model := gi
+		for _, c := range s.cells {
+			if s.inv.GPUs[c.gi].Model == g.Model {
+				model = c.model
+				break
+			}
+		}
 		s.cells = append(s.cells, gpuCell{
-			gi: gi, schedulableMiB: g.SchedulableMemoryMiB, memMiB: u.MemoryMiB,
+			gi: gi, model: model, schedulableMiB: g.SchedulableMemoryMiB, memMiB: u.MemoryMiB,
 			cores: u.CoresPercent, coresCap: g.CoresPercent, slices: u.Slices, exclusive: u.Exclusive,
 			share: usedShare(g, u, s.inv.SplitCount),
 		})
@@ -212,6 +222,10 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	var bestKey, bestUsed float64
 	var bestUse GPUUsage
 	var st fitState // for the fragmentation model's delta, built on first use
+	// seen are cells whose delta is known, seenKey their deltas.
+	var seen [8]int
+	var seenKey [8]float64
+	nSeen := 0
 	for i := range s.cells {
 		cell := &s.cells[i]
 		use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
@@ -236,12 +250,22 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		case PolicySpread:
 			key = cell.share
 		case PolicyFragmentation:
+			// GPUs alike (same model, offer and holdings; often all the
+			// untouched GPUs of a node) change fragmentation alike.
+			if j := s.alike(i, seen[:nSeen]); j >= 0 {
+				key = seenKey[j]
+				break
+			}
 			if st.node.Node == "" {
 				st.node = s.inv
 			}
 			before := s.base[cell.gi]
 			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: s.frag.model.weight}
 			key = m.delta(&st, cell.gi, before, before.add(use, 1))
+			if nSeen < len(seen) {
+				seen[nSeen], seenKey[nSeen] = i, key
+				nSeen++
+			}
 		default:
 			key = -cell.share
 		}
@@ -299,4 +323,19 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		p.FragmentationBefore = s.frag.before
 	}
 	return p, nil, true
+}
+
+// alike returns the position in seen of a cell that is alike cell i (same
+// model, memory, cores and holdings: the cell holds all of a GPUUsage), or
+// -1.
+func (s *NodeSummary) alike(i int, seen []int) int {
+	a := &s.cells[i]
+	for k, j := range seen {
+		b := &s.cells[j]
+		if a.model == b.model && a.schedulableMiB == b.schedulableMiB && a.memMiB == b.memMiB && a.cores == b.cores &&
+			a.coresCap == b.coresCap && a.slices == b.slices && a.exclusive == b.exclusive {
+			return k
+		}
+	}
+	return -1
 }
