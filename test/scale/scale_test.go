@@ -177,6 +177,9 @@ func TestBenchScale(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout+10*time.Minute)
 		hc := harnessConfig(t, nodes)
 		hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
+		if set := os.Getenv("SCALE_CHART_SET"); set != "" {
+			hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
+		}
 		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout})
 		cancel()
 		if err != nil {
