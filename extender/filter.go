@@ -126,12 +126,17 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// only nodes its own filters passed); one that passed none waits.
 	if len(passed) == 0 && len(counts) > 0 {
 		var rej rejection
+		var judged nodeSet
 		for _, v := range verdicts {
 			if v.node < 0 {
 				rej.unjudge = true
 			} else {
 				rej.nodes[classOf(v.reason)].add(v.node)
+				judged.add(v.node)
 			}
+		}
+		if d.wantsGPU() && s.Ready() {
+			rej.elsewhere = s.fitsElsewhere(&d, judged, len(names))
 		}
 		s.state.retries.rejected(args.Pod, d, seen, rej)
 	} else {
@@ -177,6 +182,29 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
 	return list, nil
+}
+
+// fitsElsewhere reports whether d fits now some node kube-scheduler did
+// not send (judged are the nodes it did, candidates how many). With
+// percentageOfNodesToScore below 100 kube-scheduler sends the extender only
+// a sample of the feasible nodes; when none of them has room but another
+// node has, the pod should be retried soon, with another sample, rather
+// than wait for a change on the nodes it saw. Verdicts are remembered, so
+// this costs little beyond the first pod of a shape.
+func (s *Scheduler) fitsElsewhere(d *demand, judged nodeSet, candidates int) bool {
+	st := s.state
+	now := s.clock.Now()
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	if candidates >= len(st.byIndex) {
+		return false
+	}
+	for _, n := range st.byIndex {
+		if !judged.has(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
+			return true
+		}
+	}
+	return false
 }
 
 // verdictPool holds Filter's per-node verdict slices between calls: at

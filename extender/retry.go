@@ -112,6 +112,10 @@ func (b nodeSet) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) !
 type rejection struct {
 	nodes   [rejectClasses]nodeSet
 	unjudge bool
+	// elsewhere is set when a node the Filter was not asked about fits
+	// the pod now (kube-scheduler sent a sample): it is due at the next
+	// pass, whatever changed.
+	elsewhere bool
 }
 
 // retries remembers the pods Filter turned away from every node, with the
@@ -186,7 +190,7 @@ func (r *retries) rejected(pod *corev1.Pod, d demand, seen uint64, rej rejection
 	}
 	w.d, w.rej = d, rej
 	w.seen = max(w.seen, seen)
-	if r.changes.Load() > seen {
+	if r.changes.Load() > seen || rej.elsewhere {
 		w.raced = true
 		r.signal()
 	}
@@ -267,7 +271,7 @@ func (r *retries) due(now time.Time, fits func(w *waitingPod, node int) bool) (a
 	changes := r.changes.Load()
 	var ready []*waitingPod
 	for _, w := range r.waiting {
-		if w.seen >= changes {
+		if w.seen >= changes && !w.raced {
 			continue
 		}
 		if !w.askedAt.IsZero() {

@@ -298,3 +298,25 @@ func TestRetriesTargeted(t *testing.T) {
 		t.Errorf("after the sync: woken %v, want unsynced", names(pods))
 	}
 }
+
+// TestRetryWhenTheSampleIsFull checks that a pod turned away by every node
+// kube-scheduler sent (a sample, with percentageOfNodesToScore below 100)
+// is due at once when a node it was not sent fits it, and not when none
+// does.
+func TestRetryWhenTheSampleIsFull(t *testing.T) {
+	_, full := gpuNode("full", 1, 4096)
+	_, free := gpuNode("free", 1, 16384)
+	e := newEnv(t, testConfig(), objects(full, free)...)
+	pod := slicePod("p", 8192)
+	if got := e.filter(pod, "full"); len(*got.NodeNames) != 0 {
+		t.Fatalf("p passed full: %+v", got)
+	}
+	if _, pods, _ := e.s.dueRetries(); len(pods) != 1 || pods[0].name != "p" {
+		t.Errorf("due after a sample of full nodes with room elsewhere: %+v, want p", pods)
+	}
+	big := slicePod("big", 32768)
+	e.filter(big, "full")
+	if _, pods, _ := e.s.dueRetries(); len(pods) != 0 {
+		t.Errorf("due with no room anywhere: %+v, want none", pods)
+	}
+}
