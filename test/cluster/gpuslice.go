@@ -59,7 +59,7 @@ leaderElection:
 profiles:
 - schedulerName: default-scheduler
 - schedulerName: %s
-  percentageOfNodesToScore: 100
+  percentageOfNodesToScore: 0
 extenders:
 - urlPrefix: http://127.0.0.1:%d
   filterVerb: filter
