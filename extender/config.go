@@ -93,6 +93,12 @@ type Config struct {
 	// half of BindTimeout (KubeAPIQPS × BindTimeout / 2, at least
 	// KubeAPIBurst).
 	MaxPendingBinds int `json:"maxPendingBinds"`
+	// PercentageOfNodesToScore is the percentageOfNodesToScore of the
+	// kube-scheduler profile that calls the extender (0: kube-scheduler's
+	// adaptive share). It tells the extender when the nodes it is sent are
+	// a sample, so that a pod none of them has room for is retried when
+	// another node has.
+	PercentageOfNodesToScore int `json:"percentageOfNodesToScore"`
 }
 
 // pendingBinds is MaxPendingBinds with 0 resolved.
@@ -174,6 +180,9 @@ func (c Config) Validate() error {
 	}
 	if c.KubeAPIBurst < 1 || c.KubeAPIBurst > 100000 {
 		errs = append(errs, vgpu.InvalidField("kubeAPIBurst", fmt.Sprint(c.KubeAPIBurst), "must be from 1 to 100000 requests"))
+	}
+	if c.PercentageOfNodesToScore < 0 || c.PercentageOfNodesToScore > 100 {
+		errs = append(errs, vgpu.InvalidField("percentageOfNodesToScore", fmt.Sprint(c.PercentageOfNodesToScore), "must be from 0 (kube-scheduler's adaptive share) to 100, the kube-scheduler profile's percentageOfNodesToScore"))
 	}
 	if c.MaxPendingBinds < 0 || c.MaxPendingBinds > 1000000 {
 		errs = append(errs, vgpu.InvalidField("maxPendingBinds", fmt.Sprint(c.MaxPendingBinds), "must be from 0 (derived from kubeAPIQPS and bindTimeout) to 1000000"))

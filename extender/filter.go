@@ -185,18 +185,22 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 }
 
 // fitsElsewhere reports whether d fits now some node kube-scheduler did
-// not send (judged are the nodes it did, candidates how many). With
-// percentageOfNodesToScore below 100 kube-scheduler sends the extender only
-// a sample of the feasible nodes; when none of them has room but another
-// node has, the pod should be retried soon, with another sample, rather
-// than wait for a change on the nodes it saw. Verdicts are remembered, so
-// this costs little beyond the first pod of a shape.
+// not send (judged are the nodes it did, candidates how many), when those
+// were a sample. With percentageOfNodesToScore below 100 kube-scheduler
+// stops filtering once it has found a number of feasible nodes that
+// depends only on the node count (sampleSize), and sends the extender only
+// those; when none of them has room but another node has, the pod should
+// be retried soon, with another sample, rather than wait for a change on
+// the nodes it saw. A candidate list of any other length is every node
+// kube-scheduler's own filters (node selectors, taints, CPU) let through,
+// and the pod is not retried for nodes outside it. Verdicts are
+// remembered, so the scan costs little beyond the first pod of a shape.
 func (s *Scheduler) fitsElsewhere(d *demand, judged nodeSet, candidates int) bool {
 	st := s.state
 	now := s.clock.Now()
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	if candidates >= len(st.byIndex) {
+	if all := st.known; candidates >= all || candidates != sampleSize(s.cfg.PercentageOfNodesToScore, all) {
 		return false
 	}
 	for _, n := range st.byIndex {
@@ -205,6 +209,21 @@ func (s *Scheduler) fitsElsewhere(d *demand, judged nodeSet, candidates int) boo
 		}
 	}
 	return false
+}
+
+// sampleSize is how many feasible nodes kube-scheduler looks for among
+// all before it stops, for a profile's percentageOfNodesToScore (0:
+// adaptive, 50% − all/125 but at least 5%; never fewer than 100 nodes).
+// It follows kube-scheduler's numFeasibleNodesToFind.
+func sampleSize(percentage, all int) int {
+	const minNodes, minPercent = 100, 5
+	if all < minNodes {
+		return all
+	}
+	if percentage == 0 {
+		percentage = max(50-all/125, minPercent)
+	}
+	return max(all*percentage/100, minNodes)
 }
 
 // verdictPool holds Filter's per-node verdict slices between calls: at

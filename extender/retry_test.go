@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -300,23 +301,58 @@ func TestRetriesTargeted(t *testing.T) {
 }
 
 // TestRetryWhenTheSampleIsFull checks that a pod turned away by every node
-// kube-scheduler sent (a sample, with percentageOfNodesToScore below 100)
-// is due at once when a node it was not sent fits it, and not when none
-// does.
+// of a sample kube-scheduler sent (exactly sampleSize of the nodes, with
+// percentageOfNodesToScore below 100) is due at once when a node it was
+// not sent fits it; and not when the list is shorter (kube-scheduler's
+// own filters let only those through) or no other node fits.
 func TestRetryWhenTheSampleIsFull(t *testing.T) {
-	_, full := gpuNode("full", 1, 4096)
-	_, free := gpuNode("free", 1, 16384)
-	e := newEnv(t, testConfig(), objects(full, free)...)
-	pod := slicePod("p", 8192)
-	if got := e.filter(pod, "full"); len(*got.NodeNames) != 0 {
-		t.Fatalf("p passed full: %+v", got)
+	var objs []runtime.Object
+	var full []string
+	for i := range 100 {
+		name := fmt.Sprintf("full-%03d", i)
+		_, o := gpuNode(name, 1, 4096)
+		objs = append(objs, o...)
+		full = append(full, name)
 	}
-	if _, pods, _ := e.s.dueRetries(); len(pods) != 1 || pods[0].name != "p" {
-		t.Errorf("due after a sample of full nodes with room elsewhere: %+v, want p", pods)
+	_, free := gpuNode("free", 1, 16384)
+	e := newEnv(t, testConfig(), objects(objs, free)...)
+	due := func() []string {
+		_, pods, _ := e.s.dueRetries()
+		var names []string
+		for _, p := range pods {
+			names = append(names, p.name)
+		}
+		return names
+	}
+	// 101 nodes: kube-scheduler's adaptive sample is 100 of them.
+	filtered := slicePod("filtered", 8192)
+	if got := e.filter(filtered, full[:99]...); len(*got.NodeNames) != 0 {
+		t.Fatalf("filtered passed a full node: %+v", got)
+	}
+	if got := due(); len(got) != 0 {
+		t.Errorf("due after 99 full nodes (not a sample): %v, want none", got)
+	}
+	sampled := slicePod("sampled", 8192)
+	e.filter(sampled, full...)
+	if got := due(); !slices.Equal(got, []string{"sampled"}) {
+		t.Errorf("due after a sample of full nodes with room elsewhere: %v, want sampled", got)
 	}
 	big := slicePod("big", 32768)
-	e.filter(big, "full")
-	if _, pods, _ := e.s.dueRetries(); len(pods) != 0 {
-		t.Errorf("due with no room anywhere: %+v, want none", pods)
+	e.filter(big, full...)
+	if got := due(); len(got) != 0 {
+		t.Errorf("due with no room anywhere: %v, want none", got)
+	}
+}
+
+// TestSampleSize checks sampleSize against kube-scheduler's rule.
+func TestSampleSize(t *testing.T) {
+	tests := []struct{ percentage, all, want int }{
+		{0, 50, 50}, {0, 100, 100}, {0, 101, 100}, {0, 1000, 420}, {0, 5000, 500}, {0, 10000, 500},
+		{100, 1000, 1000}, {30, 1000, 300}, {30, 200, 100},
+	}
+	for _, tt := range tests {
+		if got := sampleSize(tt.percentage, tt.all); got != tt.want {
+			t.Errorf("sampleSize(%d, %d) = %d, want %d", tt.percentage, tt.all, got, tt.want)
+		}
 	}
 }

@@ -34,6 +34,8 @@ type clusterState struct {
 	// their heartbeat Lease.
 	byIndex []*nodeState
 	byLease map[string]*nodeState
+	// known counts the nodes whose Node object exists.
+	known int
 	// pods holds every pod counted in some node's usage, by UID.
 	pods map[types.UID]*podEntry
 	// leases are the heartbeat Leases by name.
@@ -145,6 +147,9 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 	defer st.mu.Unlock()
 	n := st.nodeLocked(node.Name)
 	wasReady, oldInventory := n.known && n.unready == nil, n.rawInventory
+	if !n.known {
+		st.known++
+	}
 	n.known = true
 	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
 	switch {
@@ -193,9 +198,10 @@ func (st *clusterState) deleteNode(name string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := st.nodes[name]
-	if n == nil {
+	if n == nil || !n.known {
 		return
 	}
+	st.known--
 	n.known = false
 	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
 	st.refreshLocked(n)

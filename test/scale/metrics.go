@@ -119,6 +119,8 @@ type extenderScrape struct {
 	durations map[string]histogram
 	// binds counts Bind calls by result.
 	binds map[string]float64
+	// retries counts the pods the extender asked kube-scheduler to retry.
+	retries float64
 	// gpus is the number of GPUs the extender exports schedulable memory for: the GPUs of
 	// every Node its informers have seen.
 	gpus int
@@ -145,7 +147,7 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 	if resp.StatusCode != http.StatusOK {
 		return extenderScrape{}, fmt.Errorf("GET %s: HTTP %d, want 200", url, resp.StatusCode)
 	}
-	families, err := parseMetrics(resp.Body, extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable)
+	families, err := parseMetrics(resp.Body, extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable, extender.MetricRetries)
 	if err != nil {
 		return extenderScrape{}, fmt.Errorf("%s: %w", url, err)
 	}
@@ -166,6 +168,9 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 		out.binds[labels(m)["result"]] = m.GetCounter().GetValue()
 	}
 	out.gpus = len(families[extender.MetricGPUMemorySchedulable].GetMetric())
+	for _, m := range families[extender.MetricRetries].GetMetric() {
+		out.retries += m.GetCounter().GetValue()
+	}
 	return out, nil
 }
 

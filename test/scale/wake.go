@@ -1,0 +1,143 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// wakeQuiet is how long Wake waits for retries that should not come: a few of the extender's
+// retry passes (two seconds after a change).
+const wakeQuiet = 6 * time.Second
+
+// WakeResult is what Wake measured of the extender's targeted retries.
+type WakeResult struct {
+	// Waiters is how many pods waited for room on the full node.
+	Waiters int
+	// ElsewhereRetries and ElsewherePatches are the retries the extender asked for, and the
+	// pod PATCH requests the API server served, after a whole GPU was freed on another node:
+	// the waiters were not turned away there, so 0 is right.
+	ElsewhereRetries, ElsewherePatches float64
+	// Retries and Patches are the same after a whole GPU was freed on the waiters' node, and
+	// Bound how many waiters were then bound (two fit the GPU freed).
+	Retries, Patches float64
+	Bound            int
+}
+
+// WritesPerWoken is the pod PATCH requests per pod woken on the waiters' node.
+func (r WakeResult) WritesPerWoken() float64 {
+	if r.Retries == 0 {
+		return 0
+	}
+	return r.Patches / r.Retries
+}
+
+// Wake measures targeted retries on two hollow nodes, target and other, that hold nothing
+// yet: it fills every GPU of both with one whole-memory slice each, makes waiters pods that
+// ask for half a GPU wait for target (node selector), frees a GPU on other (nothing should
+// wake), then frees one on target (the waiters should be asked to retry, one write each, and
+// two bound). Its pods are left behind.
+func (h *Harness) Wake(ctx context.Context, target, other string, gpus, waiters int) (WakeResult, error) {
+	res := WakeResult{Waiters: waiters}
+	pinned := func(name, node string, percent int) *corev1.Pod {
+		p := pod(name, corev1.ResourceList{
+			vgpu.ResourceGPU:           *resource.NewQuantity(1, resource.DecimalSI),
+			vgpu.ResourceMemoryPercentage: *resource.NewQuantity(int64(percent), resource.DecimalSI),
+		})
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+		return p
+	}
+	var fill []*corev1.Pod
+	for i := range gpus {
+		fill = append(fill, pinned(fmt.Sprintf("wake-fill-t-%02d", i), target, 100), pinned(fmt.Sprintf("wake-fill-o-%02d", i), other, 100))
+	}
+	if r, err := h.RunPhase(ctx, Phase{Name: "wake-fill", Pods: fill, Timeout: time.Minute}); err != nil {
+		return res, err
+	} else if r.Bound != len(fill) {
+		return res, fmt.Errorf("wake: %d of %d fillers bound", r.Bound, len(fill))
+	}
+	var wait []*corev1.Pod
+	for i := range waiters {
+		wait = append(wait, pinned(fmt.Sprintf("wake-wait-%02d", i), target, 50))
+	}
+	h.watch.expect("wake-wait")
+	if err := h.create(ctx, "wake-wait", wait); err != nil {
+		return res, err
+	}
+	if err := waitUntil(ctx, time.Minute, "the waiters turned away", func(context.Context) (bool, error) {
+		return h.watch.phase("wake-wait").unschedulable == waiters, nil
+	}); err != nil {
+		return res, err
+	}
+	measure := func(node string) (retries, patches float64, err error) {
+		apiBefore, err := scrapeAPIServer(ctx, h.client)
+		if err != nil {
+			return 0, 0, err
+		}
+		extBefore, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		victim := "wake-fill-o-00"
+		if node == target {
+			victim = "wake-fill-t-00"
+		}
+		err = h.client.CoreV1().Pods(h.cfg.Namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return 0, 0, fmt.Errorf("wake: delete %s: %w", victim, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(wakeQuiet): // the absence of retries is what is measured
+		}
+		apiAfter, err := scrapeAPIServer(ctx, h.client)
+		if err != nil {
+			return 0, 0, err
+		}
+		extAfter, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		d := apiAfter.sub(apiBefore)
+		return extAfter.retries - extBefore.retries, d[Request{Verb: "PATCH", Resource: "pods"}], nil
+	}
+	var err error
+	if res.ElsewhereRetries, res.ElsewherePatches, err = measure(other); err != nil {
+		return res, err
+	}
+	if res.Retries, res.Patches, err = measure(target); err != nil {
+		return res, err
+	}
+	if err := waitUntil(ctx, time.Minute, "two waiters bound in the GPU freed", func(context.Context) (bool, error) {
+		return h.watch.phase("wake-wait").bound >= 2, nil
+	}); err != nil {
+		return res, err
+	}
+	res.Bound = h.watch.phase("wake-wait").bound
+	return res, nil
+}
+
+// create creates pods in the harness's namespace with LabelPhase phase.
+func (h *Harness) create(ctx context.Context, phase string, pods []*corev1.Pod) error {
+	return parallel(ctx, len(pods), h.cfg.Workers, func(ctx context.Context, i int) error {
+		p := pods[i].DeepCopy()
+		p.Namespace = h.cfg.Namespace
+		if p.Labels == nil {
+			p.Labels = map[string]string{}
+		}
+		p.Labels[LabelPhase] = phase
+		if _, err := h.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("phase %s: create pod %s: %w", phase, p.Name, err)
+		}
+		return nil
+	})
+}
