@@ -42,6 +42,10 @@ type BenchResult struct {
 	HeartbeatError string
 	// Profile is the chart's scheduler configuration kube-scheduler ran.
 	Profile ChartProfile
+	// Wake and WakeHeartbeat are the targeted-retry measurements (Harness.Wake and
+	// WakeHeartbeat), run once the GPU pods are deleted again; nil when the cluster has fewer
+	// than four nodes.
+	Wake, WakeHeartbeat *WakeResult
 }
 
 // Ratio is the GPU phase's pods/s over the plain phase's.
@@ -86,8 +90,26 @@ func Bench(ctx context.Context, cfg BenchConfig) (res BenchResult, err error) {
 		// Binds in flight at the deadline may land after it; say so rather than fail.
 		h.cfg.Logf("checked %d bound GPU pods; %d were bound at the phase's end", res.Check.Pods, res.GPU.Bound)
 	}
+	if nodes := cfg.Harness.Nodes; len(nodes) >= 4 {
+		if err := h.DeletePhase(ctx, PhaseGPU); err != nil {
+			return res, err
+		}
+		w, err := h.Wake(ctx, nodes[0].Name, nodes[1].Name, len(nodes[0].Inventory.GPUs), wakeWaiters)
+		if err != nil {
+			return res, err
+		}
+		res.Wake = &w
+		hb, err := h.WakeHeartbeat(ctx, nodes[2].Name, nodes[3].Name, wakeWaiters)
+		if err != nil {
+			return res, err
+		}
+		res.WakeHeartbeat = &hb
+	}
 	return res, nil
 }
+
+// wakeWaiters is how many pods Bench makes wait for room on one full node.
+const wakeWaiters = 6
 
 // PodsFor is the default N for a cluster of nodes hollow nodes: 2 per node up to 1,000 nodes
 // (2,000 at 1,000 nodes), then 1 per node, so that 5,000 nodes get 5,000 pods per phase.

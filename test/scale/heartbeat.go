@@ -26,8 +26,11 @@ type heartbeats struct {
 	interval time.Duration
 	workers  int
 
-	mu     sync.Mutex // guards leases
+	mu     sync.Mutex // guards leases and paused
 	leases []*coordinationv1.Lease
+	// paused are the Leases (by name) not renewed for now: a device plugin that stopped
+	// renewing (see setRenewTime).
+	paused map[string]bool
 
 	renewals, failures atomic.Int64
 	lastErr            atomic.Value // string
@@ -61,7 +64,11 @@ func (h *heartbeats) run(ctx context.Context) {
 func (h *heartbeats) renew(ctx context.Context, i int) {
 	h.mu.Lock()
 	l := h.leases[i].DeepCopy()
+	paused := h.paused[l.Name]
 	h.mu.Unlock()
+	if paused {
+		return
+	}
 	now := metav1.NewMicroTime(time.Now())
 	l.Spec.RenewTime = &now
 	leases := h.client.CoordinationV1().Leases(l.Namespace)
@@ -86,4 +93,48 @@ func (h *heartbeats) renew(ctx context.Context, i int) {
 func (h *heartbeats) lastError() string {
 	s, _ := h.lastErr.Load().(string)
 	return s
+}
+
+// setRenewTime writes renewTime at of the heartbeat Lease name and pauses its renewals when
+// pause, or resumes them: a device plugin that stopped renewing (at in the past), or came back
+// (at now). Pausing a Lease the harness does not renew is an error.
+func (h *heartbeats) setRenewTime(ctx context.Context, name string, at time.Time, pause bool) error {
+	h.mu.Lock()
+	i := -1
+	for k, l := range h.leases {
+		if l.Name == name {
+			i = k
+		}
+	}
+	if i < 0 {
+		h.mu.Unlock()
+		return fmt.Errorf("heartbeat Lease %s: not one the harness renews", name)
+	}
+	if h.paused == nil {
+		h.paused = map[string]bool{}
+	}
+	h.paused[name] = pause
+	ns := h.leases[i].Namespace
+	h.mu.Unlock()
+	leases := h.client.CoordinationV1().Leases(ns)
+	for range 5 {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("heartbeat Lease %s: %w", name, err)
+		}
+		t := metav1.NewMicroTime(at)
+		l.Spec.RenewTime = &t
+		got, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			continue // a renewal in flight when the pause began
+		}
+		if err != nil {
+			return fmt.Errorf("heartbeat Lease %s: %w", name, err)
+		}
+		h.mu.Lock()
+		h.leases[i] = got
+		h.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("heartbeat Lease %s: conflicts on every update", name)
 }

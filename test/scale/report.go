@@ -66,6 +66,14 @@ func WriteResult(w io.Writer, r BenchResult) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "correctness: %d bound GPU pods checked on %d nodes, %d violations\n", r.Check.Pods, len(r.Check.Use), len(r.Check.Violations))
+	if k := r.Wake; k != nil {
+		fmt.Fprintf(w, "targeted retries, room: %d pods wait for room on one full node; a GPU freed on another node: %.0f retries, %.0f pod writes; a GPU freed on theirs: %.0f retries, %.0f pod writes, %d bound (kube-scheduler sees a pod deleted and retries them itself)\n",
+			k.Waiters, k.ElsewhereRetries, k.ElsewherePatches, k.Retries, k.Patches, k.Bound)
+	}
+	if k := r.WakeHeartbeat; k != nil {
+		fmt.Fprintf(w, "targeted retries, heartbeat: %d pods wait for one node's stale heartbeat; another node's heartbeat back: %.0f retries, %.0f pod writes; theirs back: %.0f retries, %.0f pod writes (%.2f per woken pod), %d bound\n",
+			k.Waiters, k.ElsewhereRetries, k.ElsewherePatches, k.Retries, k.Patches, k.WritesPerWoken(), k.Bound)
+	}
 	for i, v := range r.Check.Violations {
 		if i == 10 {
 			fmt.Fprintf(w, "  … %d more\n", len(r.Check.Violations)-i)

@@ -128,6 +128,12 @@ func TestSmall(t *testing.T) {
 	if res.GPU.Bound == 0 {
 		t.Errorf("no GPU pod was bound in %v", res.GPU.Elapsed)
 	}
+	// Targeted retries: a change on a node the waiters were not turned away by wakes none.
+	for _, w := range []*scale.WakeResult{res.Wake, res.WakeHeartbeat} {
+		if w != nil && (w.ElsewhereRetries != 0 || w.ElsewherePatches != 0) {
+			t.Errorf("a change on another node woke the waiters: %+v", *w)
+		}
+	}
 }
 
 // TestBenchScale is make bench-scale: it runs only when SCALE_NODES lists node counts

@@ -49,7 +49,7 @@ func (h *Harness) Wake(ctx context.Context, target, other string, gpus, waiters 
 	res := WakeResult{Waiters: waiters}
 	pinned := func(name, node string, percent int) *corev1.Pod {
 		p := pod(name, corev1.ResourceList{
-			vgpu.ResourceGPU:           *resource.NewQuantity(1, resource.DecimalSI),
+			vgpu.ResourceGPU:              *resource.NewQuantity(1, resource.DecimalSI),
 			vgpu.ResourceMemoryPercentage: *resource.NewQuantity(int64(percent), resource.DecimalSI),
 		})
 		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
@@ -77,44 +77,20 @@ func (h *Harness) Wake(ctx context.Context, target, other string, gpus, waiters 
 	}); err != nil {
 		return res, err
 	}
-	measure := func(node string) (retries, patches float64, err error) {
-		apiBefore, err := scrapeAPIServer(ctx, h.client)
-		if err != nil {
-			return 0, 0, err
+	deleteFiller := func(name string) func() error {
+		return func() error {
+			err := h.client.CoreV1().Pods(h.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("wake: delete %s: %w", name, err)
+			}
+			return nil
 		}
-		extBefore, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
-		if err != nil {
-			return 0, 0, err
-		}
-		victim := "wake-fill-o-00"
-		if node == target {
-			victim = "wake-fill-t-00"
-		}
-		err = h.client.CoreV1().Pods(h.cfg.Namespace).Delete(ctx, victim, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return 0, 0, fmt.Errorf("wake: delete %s: %w", victim, err)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		case <-time.After(wakeQuiet): // the absence of retries is what is measured
-		}
-		apiAfter, err := scrapeAPIServer(ctx, h.client)
-		if err != nil {
-			return 0, 0, err
-		}
-		extAfter, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
-		if err != nil {
-			return 0, 0, err
-		}
-		d := apiAfter.sub(apiBefore)
-		return extAfter.retries - extBefore.retries, d[Request{Verb: "PATCH", Resource: "pods"}], nil
 	}
 	var err error
-	if res.ElsewhereRetries, res.ElsewherePatches, err = measure(other); err != nil {
+	if res.ElsewhereRetries, res.ElsewherePatches, err = h.measureChange(ctx, deleteFiller("wake-fill-o-00")); err != nil {
 		return res, err
 	}
-	if res.Retries, res.Patches, err = measure(target); err != nil {
+	if res.Retries, res.Patches, err = h.measureChange(ctx, deleteFiller("wake-fill-t-00")); err != nil {
 		return res, err
 	}
 	if err := waitUntil(ctx, time.Minute, "two waiters bound in the GPU freed", func(context.Context) (bool, error) {
@@ -124,6 +100,87 @@ func (h *Harness) Wake(ctx context.Context, target, other string, gpus, waiters 
 	}
 	res.Bound = h.watch.phase("wake-wait").bound
 	return res, nil
+}
+
+// WakeHeartbeat measures targeted retries for a change kube-scheduler cannot see: two hollow
+// nodes' plugins stop renewing their heartbeat Leases (renewTime ten minutes back), waiters pods
+// that ask for a tenth of a GPU wait for target ("plugin not ready"), other's heartbeat comes
+// back (nothing should wake), then target's (each waiter should be asked to retry once, and all
+// bound). It returns the same figures as Wake: Elsewhere* for other, the rest for target.
+func (h *Harness) WakeHeartbeat(ctx context.Context, target, other string, waiters int) (WakeResult, error) {
+	res := WakeResult{Waiters: waiters}
+	setHeartbeat := func(node string, at time.Time, pause bool) error {
+		return h.heartbeats.setRenewTime(ctx, vgpu.HeartbeatLeaseName(node), at, pause)
+	}
+	stale := time.Now().Add(-10 * time.Minute)
+	for _, n := range []string{target, other} {
+		if err := setHeartbeat(n, stale, true); err != nil {
+			return res, err
+		}
+	}
+	var wait []*corev1.Pod
+	for i := range waiters {
+		p := pod(fmt.Sprintf("wake-hb-%02d", i), corev1.ResourceList{
+			vgpu.ResourceGPU:              *resource.NewQuantity(1, resource.DecimalSI),
+			vgpu.ResourceMemoryPercentage: *resource.NewQuantity(10, resource.DecimalSI),
+		})
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: target}
+		wait = append(wait, p)
+	}
+	h.watch.expect("wake-hb")
+	if err := h.create(ctx, "wake-hb", wait); err != nil {
+		return res, err
+	}
+	if err := waitUntil(ctx, time.Minute, "the waiters turned away", func(context.Context) (bool, error) {
+		return h.watch.phase("wake-hb").unschedulable == waiters, nil
+	}); err != nil {
+		return res, err
+	}
+	var err error
+	if res.ElsewhereRetries, res.ElsewherePatches, err = h.measureChange(ctx, func() error { return setHeartbeat(other, time.Now(), false) }); err != nil {
+		return res, err
+	}
+	if res.Retries, res.Patches, err = h.measureChange(ctx, func() error { return setHeartbeat(target, time.Now(), false) }); err != nil {
+		return res, err
+	}
+	if err := waitUntil(ctx, time.Minute, "the waiters bound once the heartbeat is back", func(context.Context) (bool, error) {
+		return h.watch.phase("wake-hb").bound == waiters, nil
+	}); err != nil {
+		return res, err
+	}
+	res.Bound = h.watch.phase("wake-hb").bound
+	return res, nil
+}
+
+// measureChange runs change, lets the extender's retry passes go by, and returns the retries
+// it asked for and the pod PATCH requests the API server served meanwhile.
+func (h *Harness) measureChange(ctx context.Context, change func() error) (retries, patches float64, err error) {
+	apiBefore, err := scrapeAPIServer(ctx, h.client)
+	if err != nil {
+		return 0, 0, err
+	}
+	extBefore, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := change(); err != nil {
+		return 0, 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	case <-time.After(wakeQuiet): // the absence of retries is what is measured
+	}
+	apiAfter, err := scrapeAPIServer(ctx, h.client)
+	if err != nil {
+		return 0, 0, err
+	}
+	extAfter, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	d := apiAfter.sub(apiBefore)
+	return extAfter.retries - extBefore.retries, d[Request{Verb: "PATCH", Resource: "pods"}], nil
 }
 
 // create creates pods in the harness's namespace with LabelPhase phase.
