@@ -92,19 +92,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	}
 	h.watch.expect(p.Name)
 	start := time.Now()
-	err = parallel(ctx, len(p.Pods), h.cfg.Workers, func(ctx context.Context, i int) error {
-		pod := p.Pods[i].DeepCopy()
-		pod.Namespace = h.cfg.Namespace
-		if pod.Labels == nil {
-			pod.Labels = map[string]string{}
-		}
-		pod.Labels[LabelPhase] = p.Name
-		if _, err := h.client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("phase %s: create pod %s: %w", p.Name, pod.Name, err)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := h.create(ctx, p.Name, p.Pods); err != nil {
 		return res, err
 	}
 	res.CreateTime = time.Since(start)

@@ -68,13 +68,7 @@ func (h *Harness) Wake(ctx context.Context, target, other string, gpus, waiters 
 	for i := range waiters {
 		wait = append(wait, pinned(fmt.Sprintf("wake-wait-%02d", i), target, 50))
 	}
-	h.watch.expect("wake-wait")
-	if err := h.create(ctx, "wake-wait", wait); err != nil {
-		return res, err
-	}
-	if err := waitUntil(ctx, time.Minute, "the waiters turned away", func(context.Context) (bool, error) {
-		return h.watch.phase("wake-wait").unschedulable == waiters, nil
-	}); err != nil {
+	if err := h.createWaiting(ctx, "wake-wait", wait); err != nil {
 		return res, err
 	}
 	deleteFiller := func(name string) func() error {
@@ -127,13 +121,7 @@ func (h *Harness) WakeHeartbeat(ctx context.Context, target, other string, waite
 		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: target}
 		wait = append(wait, p)
 	}
-	h.watch.expect("wake-hb")
-	if err := h.create(ctx, "wake-hb", wait); err != nil {
-		return res, err
-	}
-	if err := waitUntil(ctx, time.Minute, "the waiters turned away", func(context.Context) (bool, error) {
-		return h.watch.phase("wake-hb").unschedulable == waiters, nil
-	}); err != nil {
+	if err := h.createWaiting(ctx, "wake-hb", wait); err != nil {
 		return res, err
 	}
 	var err error
@@ -183,7 +171,20 @@ func (h *Harness) measureChange(ctx context.Context, change func() error) (retri
 	return extAfter.retries - extBefore.retries, d[Request{Verb: "PATCH", Resource: "pods"}], nil
 }
 
-// create creates pods in the harness's namespace with LabelPhase phase.
+// createWaiting creates pods as phase and waits until kube-scheduler has marked every one
+// unschedulable.
+func (h *Harness) createWaiting(ctx context.Context, phase string, pods []*corev1.Pod) error {
+	h.watch.expect(phase)
+	if err := h.create(ctx, phase, pods); err != nil {
+		return err
+	}
+	return waitUntil(ctx, time.Minute, "the pods of phase "+phase+" turned away", func(context.Context) (bool, error) {
+		return h.watch.phase(phase).unschedulable == len(pods), nil
+	})
+}
+
+// create creates pods in the harness's namespace with LabelPhase phase, Config.Workers
+// requests in flight.
 func (h *Harness) create(ctx context.Context, phase string, pods []*corev1.Pod) error {
 	return parallel(ctx, len(pods), h.cfg.Workers, func(ctx context.Context, i int) error {
 		p := pods[i].DeepCopy()
