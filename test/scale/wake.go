@@ -143,6 +143,26 @@ func (h *Harness) WakeHeartbeat(ctx context.Context, target, other string, waite
 // measureChange runs change, lets the extender's retry passes go by, and returns the retries
 // it asked for and the pod PATCH requests the API server served meanwhile.
 func (h *Harness) measureChange(ctx context.Context, change func() error) (retries, patches float64, err error) {
+	// Retries of earlier changes (deleted pods, a Filter that raced one) land within a pass or
+	// two: wait until the counter holds still, so they are not taken for this change's.
+	last := -1.0
+	if err := waitUntil(ctx, time.Minute, "the extender's retries to settle", func(ctx context.Context) (bool, error) {
+		ext, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
+		if err != nil {
+			return false, err
+		}
+		settled := ext.retries == last
+		last = ext.retries
+		if !settled {
+			select {
+			case <-ctx.Done():
+			case <-time.After(wakeQuiet / 2):
+			}
+		}
+		return settled, nil
+	}); err != nil {
+		return 0, 0, err
+	}
 	apiBefore, err := scrapeAPIServer(ctx, h.client)
 	if err != nil {
 		return 0, 0, err
