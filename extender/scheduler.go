@@ -231,7 +231,7 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
 				Status: corev1.PodStatus{Phase: o.Status.Phase},
 			}
-			if p.Annotations == nil && !asksGPU(o.Spec.InitContainers) && !asksGPU(o.Spec.Containers) {
+			if p.Annotations == nil && !vgpu.AsksForGPU(o) {
 				// Most pods of a cluster: the extender never counts or
 				// binds them, so their containers are not kept at all.
 				return p, nil
@@ -271,20 +271,6 @@ func keepAnnotations(in map[string]string) map[string]string {
 		}
 	}
 	return out
-}
-
-// asksGPU reports whether any of cs requests or limits a hami.io resource.
-func asksGPU(cs []corev1.Container) bool {
-	for _, c := range cs {
-		for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
-			for name := range list {
-				if strings.HasPrefix(string(name), vgpu.AnnotationPrefix) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 func trimContainers(cs []corev1.Container) []corev1.Container {

@@ -3,6 +3,7 @@ package vgpu
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -210,4 +211,22 @@ func memoryMiB(q resource.Quantity) (int64, bool) {
 		return 0, false
 	}
 	return bytes >> 20, true
+}
+
+// AsksForGPU reports whether any container or init container of pod names
+// a hami.io/ resource in its limits or requests: whether gpuslice has any
+// business with it. It does not check the values (RequestFromPod does).
+func AsksForGPU(pod *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+				for name := range list {
+					if strings.HasPrefix(string(name), AnnotationPrefix) {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }

@@ -83,7 +83,7 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 		problems = append(problems, fmt.Errorf("annotation %s=%q: must not be set when the pod is created: only the gpuslice scheduler extender writes it, when it binds the pod",
 			vgpu.AnnotationPodAllocation, shorten(v)))
 	}
-	if !asksForGPU(pod) {
+	if !vgpu.AsksForGPU(pod) {
 		if len(problems) > 0 {
 			return deny(problems)
 		}
@@ -137,21 +137,6 @@ func shorten(s string) string {
 		return s
 	}
 	return string(r[:maxShownValueLength]) + "…"
-}
-
-// asksForGPU reports whether any container or init container of pod names a
-// hami.io/* resource in its limits or requests.
-func asksForGPU(pod *corev1.Pod) bool {
-	for _, c := range allContainers(pod) {
-		for _, list := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
-			for name := range list {
-				if strings.HasPrefix(string(name), resourcePrefix) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // allContainers returns pod's init containers, then its app containers.
