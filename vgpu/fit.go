@@ -190,7 +190,7 @@ func (s *fitState) fragModel() *fragModel {
 		return s.env.frag
 	}
 	if s.fragCached() && s.podHost == (HostResources{}) {
-		m := &fragModel{w: s.env.summary.frag.model.w, weight: s.env.summary.frag.model.weight}
+		m := &fragModel{w: s.env.summary.w, weight: s.env.summary.frag.weight}
 		n := len(m.w.shapes)
 		if n <= len(m.cntBuf) {
 			m.cnt, m.sum = m.cntBuf[:n], m.sumBuf[:n]

@@ -24,11 +24,9 @@ type NodeSummary struct {
 	// usedBefore is the healthy capacity in use, in GPUs (Placement.UsedBefore).
 	usedBefore float64
 	// largestFreeMiB is the most memory free on one healthy GPU that has
-	// a free slice (-1 when none has); sliceable counts those GPUs and
-	// untouched the healthy GPUs nothing holds.
+	// a free slice (-1 when none has); sliceable counts those GPUs.
 	largestFreeMiB int64
 	sliceable      int
-	untouched      int
 	// w is the workload frag was measured against; frag is nil when w is
 	// nil or has no classes.
 	w    *Workload
@@ -53,9 +51,9 @@ type gpuCell struct {
 
 // fragSummary is the node's fragmentation before a pod, for one workload.
 type fragSummary struct {
-	// model is the workload's weights for a pod without host requests;
-	// Fit calls copy it and fill their own cnt and sum.
-	model fragModel
+	// weight is the workload's weights (fragModel.weight) for a pod
+	// without host requests; Fit calls build their model from it.
+	weight [2][]float64
 	// free is each GPU's free capacity (0 for unhealthy GPUs) and masks
 	// each GPU's usable shapes (bit si: shape si can take a slice of it),
 	// by GPU position; masks is nil when the workload has more than 64
@@ -85,9 +83,6 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			continue
 		}
 		u := base[gi]
-		if u == (GPUUsage{}) {
-			s.untouched++
-		}
 		model := gi
 		for _, c := range s.cells {
 			if s.inv.GPUs[c.gi].Model == g.Model {
@@ -135,22 +130,10 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	// node left the base's counts in m: rank's stats for a pod that holds
 	// nothing yet.
 	f.cnt, f.sum = slices.Clone(m.cnt), slices.Clone(m.sum)
-	f.model = fragModel{w: w, weight: m.weight}
+	f.weight = m.weight
 	s.frag = f
 	return s
 }
-
-// Inventory returns the node's inventory; callers must not modify it.
-func (s *NodeSummary) Inventory() NodeInventory { return s.inv }
-
-// LargestFreeMiB is the most memory free on any one healthy GPU that has a
-// free slice, in MiB; -1 when no healthy GPU has one. A slice needing more
-// memory cannot fit the node.
-func (s *NodeSummary) LargestFreeMiB() int64 { return s.largestFreeMiB }
-
-// UntouchedGPUs is how many healthy GPUs hold nothing: at most this many
-// whole-GPU containers fit.
-func (s *NodeSummary) UntouchedGPUs() int { return s.untouched }
 
 // Reject reports the reason Fit would give for pod on this node without
 // running it, from the summary's figures alone, and true — for a pod of one
@@ -161,10 +144,7 @@ func (s *NodeSummary) UntouchedGPUs() int { return s.untouched }
 // index by largest free slice: most full nodes are turned away without
 // looking at their GPUs.
 func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
-	cs := pod.Request.Containers
-	c := pod.Constraints
-	if len(cs) != 1 || cs[0].Init || cs[0].GPUs != 1 || cs[0].Exclusive || cs[0].MemoryMiB <= 0 ||
-		len(c.Models) > 0 || len(c.ExcludeModels) > 0 || len(c.UUIDs) > 0 || len(c.ExcludeUUIDs) > 0 {
+	if !oneSlice(pod) || pod.Request.Containers[0].MemoryMiB <= 0 {
 		return "", false
 	}
 	switch {
@@ -172,10 +152,19 @@ func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
 		return ReasonUnhealthy, true
 	case s.sliceable == 0:
 		return ReasonNoFreeSlice, true
-	case s.largestFreeMiB < cs[0].MemoryMiB:
+	case s.largestFreeMiB < pod.Request.Containers[0].MemoryMiB:
 		return ReasonInsufficientMemory, true
 	}
 	return "", false
+}
+
+// oneSlice reports whether pod is the commonest kind, which the summary
+// answers alone: one app container asking for one slice of one GPU, with
+// no model or UUID filter.
+func oneSlice(pod PodDemand) bool {
+	cs, c := pod.Request.Containers, pod.Constraints
+	return len(cs) == 1 && !cs[0].Init && cs[0].GPUs == 1 && !cs[0].Exclusive &&
+		len(c.Models) == 0 && len(c.ExcludeModels) == 0 && len(c.UUIDs) == 0 && len(c.ExcludeUUIDs) == 0
 }
 
 // Fit is vgpu.Fit on the summarized node: Fit(pod, NodeState{Inventory,
@@ -198,12 +187,10 @@ func (s *NodeSummary) Fit(pod PodDemand, opts FitOptions) (Placement, error) {
 // cannot answer: another pod, host resources known, another workload for
 // the fragmentation policy, or a failure that needs Fit's message.
 func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err error, ok bool) {
-	cs, c := pod.Request.Containers, pod.Constraints
-	if len(cs) != 1 || cs[0].Init || cs[0].GPUs != 1 || cs[0].Exclusive || s.hostFree != nil ||
-		len(c.Models) > 0 || len(c.ExcludeModels) > 0 || len(c.UUIDs) > 0 || len(c.ExcludeUUIDs) > 0 {
+	if !oneSlice(pod) || s.hostFree != nil {
 		return Placement{}, nil, false
 	}
-	cr := cs[0]
+	cr, c := pod.Request.Containers[0], pod.Constraints
 	p = Placement{
 		Allocation:  PodAllocation{Node: s.inv.Node},
 		NodePolicy:  resolve(c.NodePolicy, opts.NodePolicy),
@@ -260,7 +247,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 				st.node = s.inv
 			}
 			before := s.base[cell.gi]
-			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: s.frag.model.weight}
+			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: s.frag.weight}
 			key = m.delta(&st, cell.gi, before, before.add(use, 1))
 			if nSeen < len(seen) {
 				seen[nSeen], seenKey[nSeen] = i, key
@@ -313,7 +300,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		n := len(s.w.shapes)
 		var cnt [16]int
 		var sum [16]float64
-		m := fragModel{w: s.w, weight: s.frag.model.weight}
+		m := fragModel{w: s.w, weight: s.frag.weight}
 		if n <= len(cnt) {
 			m.cnt, m.sum = cnt[:n], sum[:n]
 		} else {

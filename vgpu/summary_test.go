@@ -88,7 +88,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 	}
 }
 
-// TestSummaryFigures checks the summary's own figures on a known node.
+// TestSummaryFigures checks the summary's largest free slice on a known node, through Reject.
 func TestSummaryFigures(t *testing.T) {
 	node := vgpu.NodeInventory{Node: "n1", SplitCount: 4, MemoryScaling: 1, GPUs: []vgpu.GPU{
 		{UUID: "GPU-0", Index: 0, TotalMemoryMiB: 16384, SchedulableMemoryMiB: 16384, CoresPercent: 100, Health: vgpu.Healthy},
@@ -98,11 +98,16 @@ func TestSummaryFigures(t *testing.T) {
 	usage := &vgpu.NodeUsage{}
 	usage.Add(vgpu.PodAllocation{Node: "n1", Containers: []vgpu.ContainerAllocation{{Name: "a", GPUs: []vgpu.GPUSlice{{UUID: "GPU-0", MemoryMiB: 4096}}}}}, vgpu.PodRequest{})
 	s := vgpu.Summarize(vgpu.NodeState{Inventory: node, Usage: usage}, nil)
-	if got := s.LargestFreeMiB(); got != 16384 {
-		t.Errorf("LargestFreeMiB = %d, want 16384 (GPU-1; the unhealthy GPU-2 does not count)", got)
+	// The largest free slice is GPU-1's 16384 MiB; the unhealthy GPU-2
+	// does not count.
+	slice := func(mib int64) vgpu.PodDemand {
+		return vgpu.PodDemand{Request: vgpu.PodRequest{Containers: []vgpu.ContainerRequest{{Name: "main", GPUs: 1, MemoryMiB: mib}}}}
 	}
-	if got := s.UntouchedGPUs(); got != 1 {
-		t.Errorf("UntouchedGPUs = %d, want 1", got)
+	if r, ok := s.Reject(slice(16384)); ok {
+		t.Errorf("Reject(16384 MiB) = %s: GPU-1 has it free", r)
+	}
+	if r, ok := s.Reject(slice(16385)); !ok || r != vgpu.ReasonInsufficientMemory {
+		t.Errorf("Reject(16385 MiB) = %q, %t; want %s", r, ok, vgpu.ReasonInsufficientMemory)
 	}
 }
 
