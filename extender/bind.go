@@ -233,8 +233,9 @@ func outcomeUnknown(err error) bool {
 	if !errors.As(err, &status) {
 		return true
 	}
+	// A server-side timeout is a 500 or a 504.
 	code := status.Status().Code
-	return code == 0 || code >= http.StatusInternalServerError || code == http.StatusRequestTimeout || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+	return code == 0 || code >= http.StatusInternalServerError || code == http.StatusRequestTimeout
 }
 
 // boundAfterAll reads the pod after a Binding whose outcome is unknown and
