@@ -126,17 +126,15 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// only nodes its own filters passed); one that passed none waits.
 	if len(passed) == 0 && len(counts) > 0 {
 		var rej rejection
-		var judged nodeSet
 		for _, v := range verdicts {
 			if v.node < 0 {
 				rej.unjudge = true
 			} else {
 				rej.nodes[classOf(v.reason)].add(v.node)
-				judged.add(v.node)
 			}
 		}
-		if d.wantsGPU() && s.Ready() {
-			rej.elsewhere = s.fitsElsewhere(&d, judged, len(names))
+		if s.Ready() {
+			rej.elsewhere = s.fitsElsewhere(&d, &rej, len(names))
 		}
 		s.state.retries.rejected(args.Pod, d, seen, rej)
 	} else {
@@ -185,7 +183,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 }
 
 // fitsElsewhere reports whether d fits now some node kube-scheduler did
-// not send (judged are the nodes it did, candidates how many), when those
+// not send (those rej names, candidates how many), when those
 // were a sample. With percentageOfNodesToScore below 100 kube-scheduler
 // stops filtering once it has found a number of feasible nodes that
 // depends only on the node count (sampleSize), and sends the extender only
@@ -195,7 +193,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 // kube-scheduler's own filters (node selectors, taints, CPU) let through,
 // and the pod is not retried for nodes outside it. Verdicts are
 // remembered, so the scan costs little beyond the first pod of a shape.
-func (s *Scheduler) fitsElsewhere(d *demand, judged nodeSet, candidates int) bool {
+func (s *Scheduler) fitsElsewhere(d *demand, rej *rejection, candidates int) bool {
 	st := s.state
 	now := s.clock.Now()
 	st.mu.RLock()
@@ -204,7 +202,7 @@ func (s *Scheduler) fitsElsewhere(d *demand, judged nodeSet, candidates int) boo
 		return false
 	}
 	for _, n := range st.byIndex {
-		if !judged.has(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
+		if !rej.judged(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
 			return true
 		}
 	}

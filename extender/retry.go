@@ -118,6 +118,16 @@ type rejection struct {
 	elsewhere bool
 }
 
+// judged reports whether the node with index node turned the pod away.
+func (r *rejection) judged(node int) bool {
+	for _, set := range r.nodes {
+		if set.has(node) {
+			return true
+		}
+	}
+	return false
+}
+
 // retries remembers the pods Filter turned away from every node, with the
 // nodes and reasons, and the changes since that may cure those reasons,
 // and tells retryLoop when there is work. A change wakes a pod only when
