@@ -3,6 +3,7 @@ package scale_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -80,17 +81,24 @@ func nodeRows(t *testing.T) []simulate.Node {
 	if _, err := os.Stat(path); err != nil {
 		path = testdataNodes
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rows, err := simulate.ReadNodes(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readTrace(t, path, simulate.ReadNodes)
 	t.Logf("GPU models from %s", filepath.Base(path))
 	return rows
+}
+
+// readTrace parses the trace file at path with parse, failing t when it cannot.
+func readTrace[T any](t *testing.T, path string, parse func(io.Reader) (T, error)) T {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("read the FGD trace (it must be beside the repository): %v", err)
+	}
+	defer f.Close()
+	v, err := parse(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return v
 }
 
 // harnessConfig is the harness configuration for nodes, running this tree's binaries.
@@ -219,24 +227,8 @@ func TestReplayFGD(t *testing.T) {
 	if policy == "" {
 		policy = simulate.PolicyFragmentation
 	}
-	nf, err := os.Open(filepath.Join(traceDir, "openb_node_list_gpu_node.csv"))
-	if err != nil {
-		t.Fatalf("the FGD trace must be beside the repository: %v", err)
-	}
-	defer nf.Close()
-	rows, err := simulate.ReadNodes(nf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tf, err := os.Open(filepath.Join(traceDir, "openb_pod_list_default.csv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tf.Close()
-	tasks, err := simulate.ReadTasks(tf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readTrace(t, filepath.Join(traceDir, "openb_node_list_gpu_node.csv"), simulate.ReadNodes)
+	tasks := readTrace(t, filepath.Join(traceDir, "openb_pod_list_default.csv"), simulate.ReadTasks)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
 	hc := harnessConfig(t, nil)

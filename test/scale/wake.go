@@ -145,29 +145,23 @@ func (h *Harness) WakeHeartbeat(ctx context.Context, target, other string, waite
 func (h *Harness) measureChange(ctx context.Context, change func() error) (retries, patches float64, err error) {
 	// Retries of earlier changes (deleted pods, a Filter that raced one) land within a pass or
 	// two: wait until the counter holds still, so they are not taken for this change's.
-	last := -1.0
+	// The last scrape of that wait is the count before the change.
+	var extBefore extenderScrape
+	since := time.Now()
 	if err := waitUntil(ctx, time.Minute, "the extender's retries to settle", func(ctx context.Context) (bool, error) {
 		ext, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
 		if err != nil {
 			return false, err
 		}
-		settled := ext.retries == last
-		last = ext.retries
-		if !settled {
-			select {
-			case <-ctx.Done():
-			case <-time.After(wakeQuiet / 2):
-			}
+		if ext.retries != extBefore.retries || extBefore.durations == nil {
+			since = time.Now()
 		}
-		return settled, nil
+		extBefore = ext
+		return time.Since(since) >= wakeQuiet/2, nil
 	}); err != nil {
 		return 0, 0, err
 	}
 	apiBefore, err := scrapeAPIServer(ctx, h.client)
-	if err != nil {
-		return 0, 0, err
-	}
-	extBefore, err := scrapeExtender(ctx, h.Cluster.ExtenderURL()+"/metrics")
 	if err != nil {
 		return 0, 0, err
 	}
