@@ -302,20 +302,24 @@ func TestExtenderRestartOnFullNodeGivesNoSliceTwice(t *testing.T) {
 	}
 	// Pods turned away before the restarted extender synced are retried once it has; wait until
 	// every Pending pod's latest verdict is about slices, not about the restart.
-	var out podOutcome
-	poll(t, 2*time.Minute, "every Pending pod turned away for want of a free slice", func(ctx context.Context) (bool, string) {
-		out = waitSettled(t, c, "full-", total, 2*time.Minute)
+	poll(t, 2*time.Minute, "every pod Running or turned away for want of a free slice", func(ctx context.Context) (bool, string) {
+		list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
 		failed, err := failedScheduling(ctx, c)
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, p := range out.pending {
-			if msg := failed[p.UID]; !strings.Contains(msg, "no free slice") {
-				return false, p.Name + ": " + msg
+		for _, p := range list.Items {
+			running := p.Status.Phase == corev1.PodRunning
+			if strings.HasPrefix(p.Name, "full-") && !running && (p.Spec.NodeName != "" || !strings.Contains(failed[p.UID], "no free slice")) {
+				return false, p.Name + ": " + failed[p.UID]
 			}
 		}
 		return true, ""
 	})
+	out := waitSettled(t, c, "full-", total, time.Minute)
 	for _, b := range checkCapacity(t, c, out.running) {
 		t.Error(b)
 	}
