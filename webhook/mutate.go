@@ -139,11 +139,6 @@ func shorten(s string) string {
 	return string(r[:maxShownValueLength]) + "…"
 }
 
-// allContainers returns pod's init containers, then its app containers.
-func allContainers(pod *corev1.Pod) []corev1.Container {
-	return slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers)
-}
-
 // unknownResourceRule is the rule unknownResources reports.
 var unknownResourceRule = func() string {
 	names := make([]string, 0, len(vgpu.Resources()))
