@@ -99,7 +99,25 @@ type Config struct {
 	// a sample, so that a pod none of them has room for is retried when
 	// another node has.
 	PercentageOfNodesToScore int `json:"percentageOfNodesToScore"`
+	// FilterResult is which nodes Filter passes for a pod that asks for GPUs: FilterResultBest
+	// (the default) or FilterResultFeasible.
+	FilterResult FilterResult `json:"filterResult"`
 }
+
+// FilterResult is which of the nodes where a GPU pod fits Filter passes on to kube-scheduler.
+type FilterResult string
+
+const (
+	// FilterResultBest passes only the nodes whose placement scores best under the node
+	// policy (vgpu.NodeScore.Compare; every node of a tie), so that kube-scheduler chooses by
+	// the extender's exact score, not its 0..10 rendering, and its profile needs no
+	// prioritizeVerb: one HTTP round trip per pod instead of two. kube-scheduler's own score
+	// plugins then choose among tied nodes only.
+	FilterResultBest FilterResult = "best"
+	// FilterResultFeasible passes every node where the pod fits; the profile's prioritizeVerb
+	// scores them (0..10) and kube-scheduler adds its own plugins' scores to choose.
+	FilterResultFeasible FilterResult = "feasible"
+)
 
 // pendingBinds is MaxPendingBinds with 0 resolved.
 func (c Config) pendingBinds() int {
@@ -122,6 +140,7 @@ func DefaultConfig() Config {
 		BindTimeout:        metav1.Duration{Duration: DefaultBindTimeout},
 		KubeAPIQPS:         DefaultKubeAPIQPS,
 		KubeAPIBurst:       DefaultKubeAPIBurst,
+		FilterResult:       FilterResultBest,
 	}
 }
 
@@ -186,6 +205,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPendingBinds < 0 || c.MaxPendingBinds > 1000000 {
 		errs = append(errs, vgpu.InvalidField("maxPendingBinds", fmt.Sprint(c.MaxPendingBinds), "must be from 0 (derived from kubeAPIQPS and bindTimeout) to 1000000"))
+	}
+	if c.FilterResult != FilterResultBest && c.FilterResult != FilterResultFeasible {
+		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the best-scoring nodes; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
 	}
 	return errors.Join(errs...)
 }

@@ -37,7 +37,10 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 }
 
 // Filter keeps the candidate nodes where the pod fits now, for
-// kube-scheduler's filterVerb. The answer has the same form as the
+// kube-scheduler's filterVerb; with Config.FilterResult best (the default)
+// only those of them whose placement scores best under the node policy,
+// every node of a tie: the others are left out of the answer, neither
+// passed nor failed. The answer has the same form as the
 // question: NodeNames when args had NodeNames (nodeCacheCapable), else
 // Nodes with the passing items of args.Nodes. Nodes turned away are in
 // FailedAndUnresolvableNodes when evicting pods cannot help (the device
@@ -92,12 +95,20 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			verdicts[i] = verdict{fits: true}
 		}
 	}
+	var best *vgpu.NodeScore
+	if s.cfg.FilterResult == FilterResultBest {
+		best = bestScore(verdicts)
+	}
 	passed := make([]string, 0, len(names))
 	var items []corev1.Node
 	counts := map[vgpu.Reason]int64{}
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
 		if v.fits {
+			if best != nil && v.score.Compare(*best) < 0 {
+				// Fits, but scores below the best: left out, not failed.
+				continue
+			}
 			passed = append(passed, names[i])
 			if args.NodeNames == nil {
 				items = append(items, args.Nodes.Items[i])
@@ -152,6 +163,17 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	return result, nil
 }
 
+// bestScore returns the best score among the fitting verdicts, or nil when none fits.
+func bestScore(verdicts []verdict) *vgpu.NodeScore {
+	var best *vgpu.NodeScore
+	for i := range verdicts {
+		if v := &verdicts[i]; v.fits && (best == nil || v.score.Compare(*best) > 0) {
+			best = &v.score
+		}
+	}
+	return best
+}
+
 // Prioritize scores the candidate nodes for kube-scheduler's
 // prioritizeVerb, in the order of args: vgpu.Score of the pod's placement
 // under the node policy, scaled from 0..vgpu.MaxScore to
@@ -175,7 +197,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	}
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
-			list[i].Score = v.score
+			list[i].Score = scaleScore(v.score.Value)
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)

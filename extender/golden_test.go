@@ -50,25 +50,37 @@ func goldenCluster() []runtime.Object {
 }
 
 // TestExtenderGolden checks the exact /filter and /prioritize answers for
-// goldenCluster and a pod asking for 8 GiB and 30% of one A100.
+// goldenCluster and a pod asking for 8 GiB and 30% of one A100, with Filter
+// passing the best nodes (the default) and every feasible node.
 func TestExtenderGolden(t *testing.T) {
-	e := newEnv(t, testConfig(), goldenCluster()...)
-	waitFor(t, "bound pods counted", func() bool { return e.s.NodeUsage("a100-busy").GPU("a100-busy-GPU-0").MemoryMiB == 78000 })
 	pod := vgputest.Pod("train").Annotation(vgpu.AnnotationGPUModel, "A100").Container("main").GPU(1).MemoryMiB(8192).Cores(30).Obj()
 	names := []string{"a100-empty", "a100-half", "a100-busy", "t4", "not-ready", "stale", "ghost"}
 	args := extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
-	for _, verb := range []string{"filter", "prioritize"} {
-		t.Run(verb, func(t *testing.T) {
-			code, body := e.post("/"+verb, args, nil)
-			if code != 200 {
-				t.Fatalf("HTTP %d: %s", code, body)
+	for _, result := range []FilterResult{FilterResultBest, FilterResultFeasible} {
+		cfg := testConfig()
+		cfg.FilterResult = result
+		e := newEnv(t, cfg, goldenCluster()...)
+		waitFor(t, "bound pods counted", func() bool { return e.s.NodeUsage("a100-busy").GPU("a100-busy-GPU-0").MemoryMiB == 78000 })
+		for _, verb := range []string{"filter", "prioritize"} {
+			golden := verb
+			if result == FilterResultFeasible {
+				if verb == "prioritize" {
+					continue // the same answer in both
+				}
+				golden += "-feasible"
 			}
-			var got bytes.Buffer
-			if err := json.Indent(&got, []byte(body), "", "  "); err != nil {
-				t.Fatal(err)
-			}
-			checkGolden(t, filepath.Join("testdata", verb+".golden.json"), got.Bytes())
-		})
+			t.Run(golden, func(t *testing.T) {
+				code, body := e.post("/"+verb, args, nil)
+				if code != 200 {
+					t.Fatalf("HTTP %d: %s", code, body)
+				}
+				var got bytes.Buffer
+				if err := json.Indent(&got, []byte(body), "", "  "); err != nil {
+					t.Fatal(err)
+				}
+				checkGolden(t, filepath.Join("testdata", golden+".golden.json"), got.Bytes())
+			})
+		}
 	}
 }
 

@@ -52,3 +52,27 @@ func Score(p Placement) NodeScore {
 	}
 	return NodeScore{Value: int(math.Round(min(max(value, 0), MaxScore))), Raw: raw, Tie: tie}
 }
+
+// scoreEpsilon is how far apart two Raw or Tie values must be to differ: the policies' measures
+// are sums of float64 shares, and a placement's score must not depend on the order they were
+// added in.
+const scoreEpsilon = 1e-12
+
+// Compare orders two scores of one pod on different nodes: Value, then Raw, then Tie, higher
+// first. It returns a positive number when s is better than o, a negative one when worse, and 0
+// when they tie, which is when a scheduler should let other criteria choose.
+func (s NodeScore) Compare(o NodeScore) int {
+	switch {
+	case s.Value != o.Value:
+		return s.Value - o.Value
+	case s.Raw > o.Raw+scoreEpsilon:
+		return 1
+	case s.Raw < o.Raw-scoreEpsilon:
+		return -1
+	case s.Tie > o.Tie+scoreEpsilon:
+		return 1
+	case s.Tie < o.Tie-scoreEpsilon:
+		return -1
+	}
+	return 0
+}

@@ -44,8 +44,10 @@ const (
 // and the extender (shared by both, as extenders are; managedResources keeps non-GPU pods away).
 // What the chart sets is set as its defaults do, so that the cluster schedules like an install:
 // the client's qps and burst (the chart's scheduler.kubeScheduler.clientQPS/clientBurst, equal to
-// the extender's default kubeAPIQPS/kubeAPIBurst, which the extender here runs with) and the
-// gpuslice profile's percentageOfNodesToScore; the stock profile keeps kube-scheduler's defaults.
+// the extender's default kubeAPIQPS/kubeAPIBurst, which the extender here runs with), the
+// gpuslice profile's percentageOfNodesToScore, and no prioritizeVerb (the extender's default
+// filterResult best passes only the best-scoring nodes); the stock profile keeps
+// kube-scheduler's defaults.
 func schedulerConfig(kubeconfig string, extenderPort int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: kubescheduler.config.k8s.io/v1
@@ -63,9 +65,7 @@ profiles:
 extenders:
 - urlPrefix: http://127.0.0.1:%d
   filterVerb: filter
-  prioritizeVerb: prioritize
   bindVerb: bind
-  weight: 1
   nodeCacheCapable: true
   httpTimeout: 10s
   managedResources:

@@ -222,7 +222,13 @@ type stat struct {
 	state     byte
 	pgrp      int
 	startTime uint64
+	// cpuTicks is user plus system time, in clock ticks (USER_HZ, 100 per second on Linux).
+	cpuTicks uint64
 }
+
+// userHZ is the unit of the times in /proc/PID/stat: fixed at 100 by the kernel's ABI whatever
+// its internal tick rate.
+const userHZ = 100
 
 // procStat reads /proc/pid/stat.
 func procStat(pid int) (stat, error) {
@@ -236,7 +242,8 @@ func procStat(pid int) (stat, error) {
 		return stat{}, errors.New("malformed /proc stat")
 	}
 	f := strings.Fields(string(b[i+2:]))
-	// f[0] is field 3 (state), f[2] field 5 (pgrp), f[19] field 22 (starttime).
+	// f[0] is field 3 (state), f[2] field 5 (pgrp), f[11] and f[12] fields 14 and 15 (utime,
+	// stime), f[19] field 22 (starttime).
 	if len(f) < 20 {
 		return stat{}, errors.New("short /proc stat")
 	}
@@ -245,7 +252,22 @@ func procStat(pid int) (stat, error) {
 	if err != nil {
 		return stat{}, fmt.Errorf("parse start time: %w", err)
 	}
-	return stat{state: f[0][0], pgrp: pgrp, startTime: start}, nil
+	utime, uerr := strconv.ParseUint(f[11], 10, 64)
+	stime, serr := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(uerr, serr); err != nil {
+		return stat{}, fmt.Errorf("parse cpu times: %w", err)
+	}
+	return stat{state: f[0][0], pgrp: pgrp, startTime: start, cpuTicks: utime + stime}, nil
+}
+
+// CPUTime returns the CPU time (user plus system) the process has used since it started, at the
+// 10 ms resolution of /proc/PID/stat.
+func (p *Process) CPUTime() (time.Duration, error) {
+	st, err := procStat(p.PID)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", p.Name, err)
+	}
+	return time.Duration(st.cpuTicks) * time.Second / userHZ, nil
 }
 
 // Memory returns the process's resident memory now and its peak (VmRSS and VmHWM of

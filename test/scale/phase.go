@@ -58,6 +58,17 @@ type PhaseResult struct {
 	Binds             map[string]float64
 	// Memory is each control-plane process's memory right after the phase, by name.
 	Memory map[string]Memory
+	// CPU is the CPU time each control-plane process used during the phase, by name: where a
+	// phase's time goes when the machine's cores, not a rate limit, bound it.
+	CPU map[string]time.Duration
+}
+
+// CPUPerBound is name's CPU time of the phase per bound pod; 0 when none was bound.
+func (r PhaseResult) CPUPerBound(name string) time.Duration {
+	if r.Bound == 0 {
+		return 0
+	}
+	return r.CPU[name] / time.Duration(r.Bound)
 }
 
 // PodsPerSecond is Bound over Elapsed.
@@ -90,6 +101,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	if err != nil {
 		return res, err
 	}
+	cpuBefore := h.cpuTimes()
 	h.watch.expect(p.Name)
 	start := time.Now()
 	if err := h.create(ctx, p.Name, p.Pods); err != nil {
@@ -129,13 +141,37 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 		res.Binds[result] = n - extBefore.binds[result]
 	}
 	res.Memory = h.Memory()
+	res.CPU = map[string]time.Duration{}
+	for name, after := range h.cpuTimes() {
+		if before, ok := cpuBefore[name]; ok {
+			res.CPU[name] = after - before
+		}
+	}
 	return res, nil
+}
+
+// controlPlane names the processes whose memory and CPU a phase reports.
+func controlPlane() []string {
+	return []string{cluster.ExtenderName, "kube-scheduler", "kube-apiserver", "etcd", cluster.WebhookName}
+}
+
+// cpuTimes returns the CPU time the control-plane processes have used so far, by name.
+func (h *Harness) cpuTimes() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, name := range controlPlane() {
+		if p := h.process(name); p != nil {
+			if t, err := p.CPUTime(); err == nil {
+				out[name] = t
+			}
+		}
+	}
+	return out
 }
 
 // Memory returns the resident memory of the control-plane processes by name.
 func (h *Harness) Memory() map[string]Memory {
 	out := map[string]Memory{}
-	for _, name := range []string{cluster.ExtenderName, "kube-scheduler", "kube-apiserver", "etcd", cluster.WebhookName} {
+	for _, name := range controlPlane() {
 		if p := h.process(name); p != nil {
 			if rss, peak, err := p.Memory(); err == nil {
 				out[name] = Memory{RSSKiB: rss, PeakKiB: peak}

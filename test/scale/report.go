@@ -53,8 +53,15 @@ func WriteResult(w io.Writer, r BenchResult) {
 	}
 	fmt.Fprintf(w, " binds %s %.0f, %s %.0f, %s %.0f\n", extender.BindSuccess, r.GPU.Binds[extender.BindSuccess],
 		extender.BindUnfit, r.GPU.Binds[extender.BindUnfit], extender.BindError, r.GPU.Binds[extender.BindError])
+	fmt.Fprint(w, "CPU per bound pod, plain | GPU phase:")
+	for _, name := range controlPlane() {
+		if _, ok := r.GPU.CPU[name]; ok {
+			fmt.Fprintf(w, " %s %s | %s;", name, formatMillis(r.Plain.CPUPerBound(name)), formatMillis(r.GPU.CPUPerBound(name)))
+		}
+	}
+	fmt.Fprintln(w)
 	fmt.Fprint(w, "memory after the GPU phase (RSS/peak):")
-	for _, name := range []string{cluster.ExtenderName, "kube-scheduler", "kube-apiserver", "etcd", cluster.WebhookName} {
+	for _, name := range controlPlane() {
 		if m, ok := r.GPU.Memory[name]; ok {
 			fmt.Fprintf(w, " %s %s/%s;", name, mib(m.RSSKiB), mib(m.PeakKiB))
 		}
@@ -103,6 +110,11 @@ func WriteSummary(w io.Writer, results []BenchResult) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w, "API req/GPU pod leaves out the heartbeat Lease renewals and counts every request of the phase (creates of pods not bound by a deadline too); RSS is after the GPU phase.")
+}
+
+// formatMillis renders d in milliseconds with two decimals.
+func formatMillis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
 // mib renders KiB as MiB.

@@ -275,7 +275,7 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 			}
 		default:
 			s := vgpu.Score(p)
-			better = best < 0 || compareScore(s, bestScore) > 0
+			better = best < 0 || s.Compare(bestScore) > 0
 			if better {
 				bestScore = s
 			}
@@ -299,21 +299,4 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 
 func newRNG(seed uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-}
-
-// compareScore orders node scores: Value, then Raw, then Tie.
-func compareScore(a, b vgpu.NodeScore) int {
-	switch {
-	case a.Value != b.Value:
-		return a.Value - b.Value
-	case a.Raw > b.Raw+1e-12:
-		return 1
-	case a.Raw < b.Raw-1e-12:
-		return -1
-	case a.Tie > b.Tie+1e-12:
-		return 1
-	case a.Tie < b.Tie-1e-12:
-		return -1
-	}
-	return 0
 }
