@@ -50,16 +50,18 @@ test: cluster ## The test command: unit tests, real kubelet/API server tests and
 e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
 
-# make bench-scale: node counts (comma-separated) and, optionally, pods per phase and a phase deadline.
+# make bench-scale: node counts (comma-separated) and, optionally, pods per phase, plain pods
+# bound before the phases (for memory at a cluster's worth of pods) and a phase deadline.
 SCALE_NODES         ?= 100,1000,5000
 SCALE_PODS          ?=
+SCALE_BACKGROUND_PODS ?= 0
 SCALE_PHASE_TIMEOUT ?= 5m
 # SCALE_CHART_SET: extra helm --set values, comma-separated (e.g. scheduler.percentageOfNodesToScore=0).
 SCALE_CHART_SET     ?=
 
 .PHONY: bench-scale
 bench-scale: cluster ## Scale harness: plain vs GPU pods to bound on SCALE_NODES hollow 8-GPU nodes (default 100,1000,5000); prints the table.
-	cd test && SCALE_NODES=$(SCALE_NODES) SCALE_PODS=$(SCALE_PODS) SCALE_PHASE_TIMEOUT=$(SCALE_PHASE_TIMEOUT) SCALE_CHART_SET=$(SCALE_CHART_SET) \
+	cd test && SCALE_NODES=$(SCALE_NODES) SCALE_PODS=$(SCALE_PODS) SCALE_BACKGROUND_PODS=$(SCALE_BACKGROUND_PODS) SCALE_PHASE_TIMEOUT=$(SCALE_PHASE_TIMEOUT) SCALE_CHART_SET=$(SCALE_CHART_SET) \
 		go test -count=1 -timeout 180m -run '^TestBenchScale$$' -v ./scale/
 
 # make bench-fgd: the seed and policy of the FGD replay.

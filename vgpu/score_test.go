@@ -89,3 +89,32 @@ func TestScorePolicies(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeScoreCompare checks the order schedulers choose by: Value, then Raw, then Tie, with
+// float noise below the epsilon a tie.
+func TestNodeScoreCompare(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		a, b vgpu.NodeScore
+		want int // sign
+	}{
+		{"value first", vgpu.NodeScore{Value: 60, Raw: 0.1}, vgpu.NodeScore{Value: 50, Raw: 0.9}, 1},
+		{"raw breaks value ties", vgpu.NodeScore{Value: 50, Raw: 0.2}, vgpu.NodeScore{Value: 50, Raw: 0.3}, -1},
+		{"tie breaks raw ties", vgpu.NodeScore{Value: 50, Raw: 0.2, Tie: 0.7}, vgpu.NodeScore{Value: 50, Raw: 0.2, Tie: 0.6}, 1},
+		{"equal", vgpu.NodeScore{Value: 50, Raw: 0.2, Tie: 0.6}, vgpu.NodeScore{Value: 50, Raw: 0.2, Tie: 0.6}, 0},
+		{"float noise is a tie", vgpu.NodeScore{Value: 50, Raw: 0.1 + 0.2}, vgpu.NodeScore{Value: 50, Raw: 0.3}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sign := func(n int) int { return max(-1, min(1, n)) }
+			if got := sign(tc.a.Compare(tc.b)); got != tc.want {
+				t.Errorf("%+v.Compare(%+v) sign = %d, want %d", tc.a, tc.b, got, tc.want)
+			}
+			if got := sign(tc.b.Compare(tc.a)); got != -tc.want {
+				t.Errorf("%+v.Compare(%+v) sign = %d, want %d", tc.b, tc.a, got, -tc.want)
+			}
+		})
+	}
+}

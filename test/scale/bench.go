@@ -10,6 +10,8 @@ import (
 const (
 	PhasePlain = "plain"
 	PhaseGPU   = "gpu"
+	// PhaseBackground labels BenchConfig.Background's pods.
+	PhaseBackground = "background"
 )
 
 // BenchConfig is one Bench run.
@@ -22,6 +24,11 @@ type BenchConfig struct {
 	Seed uint64
 	// PhaseTimeout bounds each phase (Phase.Timeout).
 	PhaseTimeout time.Duration
+	// Background is how many plain pods are created already bound (spec.nodeName set, round
+	// robin over the hollow nodes) before the phases and kept through them, so that both
+	// schedulers' caches hold a cluster's worth of pods when memory is measured; 0 creates
+	// none.
+	Background int
 }
 
 // BenchResult is what Bench measured on one cluster.
@@ -29,8 +36,8 @@ type BenchResult struct {
 	// Nodes and GPUs count the hollow nodes and their GPUs; Models says the GPU models.
 	Nodes, GPUs int
 	Models      string
-	// Pods is N.
-	Pods int
+	// Pods is N; Background is BenchConfig.Background.
+	Pods, Background int
 	// Plain is N plain pods through the default profile; GPU is N GPU pods through the gpuslice
 	// profile, in a cluster emptied of the plain pods again.
 	Plain, GPU PhaseResult
@@ -63,7 +70,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (res BenchResult, err error) {
 	if cfg.Pods <= 0 {
 		return res, errors.New("bench config: Pods must be above 0")
 	}
-	res = BenchResult{Nodes: len(cfg.Harness.Nodes), GPUs: gpuCount(cfg.Harness.Nodes), Models: modelMix(cfg.Harness.Nodes), Pods: cfg.Pods}
+	res = BenchResult{Nodes: len(cfg.Harness.Nodes), GPUs: gpuCount(cfg.Harness.Nodes), Models: modelMix(cfg.Harness.Nodes), Pods: cfg.Pods, Background: cfg.Background}
 	h, err := Start(ctx, cfg.Harness)
 	if err != nil {
 		return res, err
@@ -74,6 +81,11 @@ func Bench(ctx context.Context, cfg BenchConfig) (res BenchResult, err error) {
 		}
 	}()
 	res.Profile = h.Profile
+	if cfg.Background > 0 {
+		if err := h.CreateBound(ctx, PhaseBackground, PlainPods(PhaseBackground, cfg.Background)); err != nil {
+			return res, err
+		}
+	}
 	if res.Plain, err = h.RunPhase(ctx, Phase{Name: PhasePlain, Pods: PlainPods(PhasePlain, cfg.Pods), Timeout: cfg.PhaseTimeout}); err != nil {
 		return res, err
 	}

@@ -20,7 +20,11 @@ const leaseResource = "leases"
 // WriteResult writes r's detail: both phases, the extender's latencies, the API requests per
 // bound pod, the processes' memory, the heartbeats and the correctness check.
 func WriteResult(w io.Writer, r BenchResult) {
-	fmt.Fprintf(w, "\n== %d hollow nodes, %d GPUs (%s); N = %d pods per phase ==\n", r.Nodes, r.GPUs, r.Models, r.Pods)
+	fmt.Fprintf(w, "\n== %d hollow nodes, %d GPUs (%s); N = %d pods per phase", r.Nodes, r.GPUs, r.Models, r.Pods)
+	if r.Background > 0 {
+		fmt.Fprintf(w, ", %d bound background pods throughout", r.Background)
+	}
+	fmt.Fprintln(w, " ==")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "phase\tprofile\tbound\tunschedulable\tcreate\telapsed\tpods/s\tAPI req/pod\twithout leases\ttop API requests per bound pod")
 	for _, p := range []struct {

@@ -146,7 +146,8 @@ func TestSmall(t *testing.T) {
 
 // TestBenchScale is make bench-scale: it runs only when SCALE_NODES lists node counts
 // (e.g. "100,1000,5000"), one cluster per count, N = scale.PodsFor(count) pods per phase
-// unless SCALE_PODS sets N, each phase bounded by SCALE_PHASE_TIMEOUT (default 5m), the chart's
+// unless SCALE_PODS sets N, SCALE_BACKGROUND_PODS plain pods created bound first
+// (BenchConfig.Background), each phase bounded by SCALE_PHASE_TIMEOUT (default 5m), the chart's
 // profile patched with SCALE_PROFILE_PATCH when set (Config.ProfilePatch). It prints
 // each cluster's detail and a summary; only a wrong allocation fails it.
 func TestBenchScale(t *testing.T) {
@@ -177,6 +178,13 @@ func TestBenchScale(t *testing.T) {
 			t.Fatalf("SCALE_PHASE_TIMEOUT=%q: want a duration such as 5m", s)
 		}
 	}
+	background := 0
+	if s := os.Getenv("SCALE_BACKGROUND_PODS"); s != "" {
+		var err error
+		if background, err = strconv.Atoi(s); err != nil || background < 0 {
+			t.Fatalf("SCALE_BACKGROUND_PODS=%q: want a number of pods, 0 or more", s)
+		}
+	}
 	rows := nodeRows(t)
 	var results []scale.BenchResult
 	for _, count := range counts {
@@ -194,7 +202,7 @@ func TestBenchScale(t *testing.T) {
 		if set := os.Getenv("SCALE_CHART_SET"); set != "" {
 			hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
 		}
-		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout})
+		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout, Background: background})
 		cancel()
 		if err != nil {
 			t.Fatalf("%d nodes: %v", count, err)

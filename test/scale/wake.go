@@ -197,6 +197,29 @@ func (h *Harness) createWaiting(ctx context.Context, phase string, pods []*corev
 	})
 }
 
+// CreateBound creates pods already bound to the hollow nodes in turn (spec.nodeName set, so
+// that no scheduler sees them but as assigned pods), with LabelPhase phase, and waits until the
+// harness's watch has seen them all.
+func (h *Harness) CreateBound(ctx context.Context, phase string, pods []*corev1.Pod) error {
+	bound := make([]*corev1.Pod, len(pods))
+	for i, p := range pods {
+		bound[i] = p.DeepCopy()
+		bound[i].Spec.NodeName = h.cfg.Nodes[i%len(h.cfg.Nodes)].Name
+	}
+	h.watch.expect(phase)
+	start := time.Now()
+	if err := h.create(ctx, phase, bound); err != nil {
+		return err
+	}
+	if err := waitUntil(ctx, time.Minute, "the watch to see the pods of phase "+phase, func(context.Context) (bool, error) {
+		return h.watch.phase(phase).bound == len(pods), nil
+	}); err != nil {
+		return err
+	}
+	h.cfg.Logf("phase %s: %d pods created bound in %v", phase, len(pods), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 // create creates pods in the harness's namespace with LabelPhase phase, Config.Workers
 // requests in flight.
 func (h *Harness) create(ctx context.Context, phase string, pods []*corev1.Pod) error {
