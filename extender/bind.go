@@ -135,8 +135,10 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 // request.
 func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*corev1.Pod, error) {
 	var pod *corev1.Pod
-	if lister := s.pods.Load(); lister != nil {
-		if p, err := (*lister).Pods(args.PodNamespace).Get(args.PodName); err == nil && p.UID == args.PodUID {
+	if store := s.pods.Load(); store != nil {
+		// A pod kept as metadata only (it asks for no GPU) is read in full.
+		obj, ok, err := (*store).GetByKey(args.PodNamespace + "/" + args.PodName)
+		if p, isPod := obj.(*corev1.Pod); err == nil && ok && isPod && p.UID == args.PodUID {
 			pod = p
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -55,9 +54,11 @@ type Scheduler struct {
 	metrics    *metrics
 	// binds bounds the binds waiting for the API client.
 	binds bindGate
-	// pods is the pod informer's lister once WatchCluster started it;
-	// Bind reads pods from it.
-	pods atomic.Pointer[corelisters.PodLister]
+	// pods is the pod informer's store once WatchCluster started it;
+	// Bind reads pods from it. It holds *corev1.Pod for pods that ask for
+	// a hami.io resource or carry hami.io/ annotations and
+	// *metav1.PartialObjectMetadata for the others (trimmer).
+	pods atomic.Pointer[cache.Indexer]
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
 }
@@ -151,18 +152,14 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	}
 	err := errors.Join(
 		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNode, func(n *corev1.Node) { st.deleteNode(n.Name) })),
-		register(cluster.Core().V1().Pods().Informer(), handlers(func(p *corev1.Pod) {
-			if err := st.upsertPod(p); err != nil {
-				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(p), "node", p.Spec.NodeName, "err", err.Error())
-			}
-		}, func(p *corev1.Pod) { st.deletePod(p.UID) })),
+		register(cluster.Core().V1().Pods().Informer(), podHandlers(logger, st)),
 		register(leases.Coordination().V1().Leases().Informer(), handlers(st.upsertLease, func(l *coordinationv1.Lease) { st.deleteLease(l.Name) })),
 	)
 	if err != nil {
 		return err
 	}
-	lister := cluster.Core().V1().Pods().Lister()
-	s.pods.Store(&lister)
+	podStore := cluster.Core().V1().Pods().Informer().GetIndexer()
+	s.pods.Store(&podStore)
 	cluster.Start(ctx.Done())
 	leases.Start(ctx.Done())
 	synced := make([]cache.InformerSynced, 0, len(regs))
@@ -209,12 +206,43 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 	}
 }
 
+// podHandlers feeds the pod informer's events to st. A pod the trimmer
+// kept as metadata only asks for no GPU and carries no allocation: it
+// counts nowhere, which upsertPod is told with its identity alone (an
+// update that removed a pod's last hami.io/ annotation must still remove
+// what it counted).
+func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandlerFuncs {
+	asPod := func(obj any) *corev1.Pod {
+		switch o := obj.(type) {
+		case *corev1.Pod:
+			return o
+		case *metav1.PartialObjectMetadata:
+			return &corev1.Pod{ObjectMeta: o.ObjectMeta}
+		}
+		return nil
+	}
+	return handlers(func(obj any) {
+		if p := asPod(obj); p != nil {
+			if err := st.upsertPod(p); err != nil {
+				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(p), "node", p.Spec.NodeName, "err", err.Error())
+			}
+		}
+	}, func(obj any) {
+		if p := asPod(obj); p != nil {
+			st.deletePod(p.UID)
+		}
+	})
+}
+
 // trimmer returns the informers' transform: it drops from each object
 // what the extender never reads, to keep cluster-wide caches small. Of a
-// Pod it keeps its identity, its hami.io/ annotations (not, say, kubectl's
-// last-applied-configuration), node, phase and — only for a pod that asks
-// for a hami.io resource or carries hami.io/ annotations — its containers'
-// names, resources and restart policies. Of a Node it keeps its identity,
+// Pod that asks for a hami.io resource or carries hami.io/ annotations it
+// keeps its identity, those annotations (not, say, kubectl's
+// last-applied-configuration), node, phase and its containers' names,
+// resources and restart policies. Every other pod — most pods of a cluster,
+// which the extender never counts or binds — becomes a
+// *metav1.PartialObjectMetadata with its identity only, a fifth of the
+// size of an empty corev1.Pod. Of a Node it keeps its identity,
 // the ready label, the inventory annotation and the allocatable of
 // resource (not its images, conditions or other status). Of anything else,
 // all but the managed fields.
@@ -222,19 +250,20 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {
 		case *corev1.Pod:
+			annotations := keepAnnotations(o.Annotations)
+			if annotations == nil && !vgpu.AsksForGPU(o) {
+				return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
+					Name: o.Name, Namespace: o.Namespace, UID: o.UID, ResourceVersion: o.ResourceVersion,
+				}}, nil
+			}
 			p := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{
 					Name: o.Name, Namespace: o.Namespace, UID: o.UID,
-					ResourceVersion: o.ResourceVersion, Annotations: keepAnnotations(o.Annotations),
+					ResourceVersion: o.ResourceVersion, Annotations: annotations,
 					DeletionTimestamp: o.DeletionTimestamp,
 				},
 				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
 				Status: corev1.PodStatus{Phase: o.Status.Phase},
-			}
-			if p.Annotations == nil && !vgpu.AsksForGPU(o) {
-				// Most pods of a cluster: the extender never counts or
-				// binds them, so their containers are not kept at all.
-				return p, nil
 			}
 			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
 			p.Spec.Containers = trimContainers(o.Spec.Containers)

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -152,6 +154,40 @@ func TestRestart(t *testing.T) {
 
 // TestTrim checks that the trimmed pod the informer keeps reads the same
 // request, constraints and allocation as the full pod.
+// TestPodHandlersMetadataOnly checks that a pod's update to one the trimmer
+// keeps as metadata only (its hami.io/ annotations removed) stops counting it,
+// and that such pods are deleted without effect.
+func TestPodHandlersMetadataOnly(t *testing.T) {
+	st := testState()
+	h := podHandlers(klog.Background(), st)
+	trim := trimmer(vgpu.ResourceGPU)
+	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 2000, 0).Obj()
+	counted := boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(2000), alloc)
+	bare := counted.DeepCopy()
+	bare.Annotations = nil
+	bare.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	add := func(p *corev1.Pod) any {
+		obj, err := trim(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return obj
+	}
+	h.OnAdd(add(counted), false)
+	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 2000 {
+		t.Fatalf("counted pod: %d MiB used, want 2000", got)
+	}
+	meta := add(bare)
+	if _, ok := meta.(*metav1.PartialObjectMetadata); !ok {
+		t.Fatalf("trimmed bare pod is a %T, want metadata only", meta)
+	}
+	h.OnUpdate(add(counted), meta)
+	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 0 {
+		t.Errorf("after the update to metadata only: %d MiB used, want 0", got)
+	}
+	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: meta})
+}
+
 func TestTrim(t *testing.T) {
 	alloc := vgputest.Allocation("n1").InitContainer("side").Slice("n1-GPU-0", 1000, 0).Container("main").Slice("n1-GPU-0", 2000, 10).Obj()
 	pod := boundPod(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUModel, "A100").
@@ -180,15 +216,18 @@ func TestTrim(t *testing.T) {
 		t.Errorf("trimmed pod kept labels, env or annotations other than hami.io/: %+v", trimmed)
 	}
 
-	// A pod that asks for no GPU keeps no containers at all.
+	// A pod that asks for no GPU is kept as its identity only.
 	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Obj()
 	plain.Spec.NodeName = "n1"
+	plain.Labels = map[string]string{"app": "x"}
+	plain.ResourceVersion = "7"
 	obj, err = trim(plain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tp := obj.(*corev1.Pod); tp.Spec.Containers != nil || tp.Spec.NodeName != "n1" || tp.UID != plain.UID {
-		t.Errorf("trimmed plain pod: %+v; want identity and node, no containers", tp)
+	wantMeta := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: plain.Name, Namespace: plain.Namespace, UID: plain.UID, ResourceVersion: "7"}}
+	if diff := cmp.Diff(wantMeta, obj); diff != "" {
+		t.Errorf("trimmed plain pod (-want +got):\n%s", diff)
 	}
 
 	inv := vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()

@@ -13,7 +13,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
@@ -106,9 +105,8 @@ func TestBindOverload(t *testing.T) {
 	cfg.MaxPendingBinds = 1
 	e := startEnv(t, cfg, client)
 	waitFor(t, "pods in the informer", func() bool {
-		lister := e.s.pods.Load()
-		ps, err := (*lister).List(labels.Everything())
-		return err == nil && len(ps) == 2
+		store := e.s.pods.Load()
+		return store != nil && len((*store).List()) == 2
 	})
 	first := make(chan extenderv1.ExtenderBindingResult, 1)
 	go func() {
