@@ -124,7 +124,13 @@ type extenderScrape struct {
 	// gpus is the number of GPUs the extender exports schedulable memory for: the GPUs of
 	// every Node its informers have seen.
 	gpus int
+	// heapInuseBytes is the Go heap in use (go_memstats_heap_inuse_bytes): live objects and
+	// what the collector has not reclaimed yet, the part of RSS the code can shrink.
+	heapInuseBytes float64
 }
+
+// metricHeapInuse is the Go collector's heap-in-use gauge, which every gpuslice binary serves.
+const metricHeapInuse = "go_memstats_heap_inuse_bytes"
 
 // histogram is one Prometheus histogram: cumulative counts per upper bound, +Inf last.
 type histogram struct {
@@ -147,7 +153,7 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 	if resp.StatusCode != http.StatusOK {
 		return extenderScrape{}, fmt.Errorf("GET %s: HTTP %d, want 200", url, resp.StatusCode)
 	}
-	families, err := parseMetrics(resp.Body, extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable, extender.MetricRetries)
+	families, err := parseMetrics(resp.Body, extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable, extender.MetricRetries, metricHeapInuse)
 	if err != nil {
 		return extenderScrape{}, fmt.Errorf("%s: %w", url, err)
 	}
@@ -170,6 +176,9 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 	out.gpus = len(families[extender.MetricGPUMemorySchedulable].GetMetric())
 	for _, m := range families[extender.MetricRetries].GetMetric() {
 		out.retries += m.GetCounter().GetValue()
+	}
+	for _, m := range families[metricHeapInuse].GetMetric() {
+		out.heapInuseBytes = m.GetGauge().GetValue()
 	}
 	return out, nil
 }

@@ -56,8 +56,10 @@ type PhaseResult struct {
 	// Binds its Bind calls by result (extender.BindSuccess, …).
 	ExtenderDurations map[string]histogram
 	Binds             map[string]float64
-	// Memory is each control-plane process's memory right after the phase, by name.
-	Memory map[string]Memory
+	// Memory is each control-plane process's memory right after the phase, by name;
+	// ExtenderHeapMiB the extender's Go heap in use then.
+	Memory          map[string]Memory
+	ExtenderHeapMiB float64
 	// CPU is the CPU time each control-plane process used during the phase, by name: where a
 	// phase's time goes when the machine's cores, not a rate limit, bound it.
 	CPU map[string]time.Duration
@@ -141,6 +143,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 		res.Binds[result] = n - extBefore.binds[result]
 	}
 	res.Memory = h.Memory()
+	res.ExtenderHeapMiB = extAfter.heapInuseBytes / (1 << 20)
 	res.CPU = map[string]time.Duration{}
 	for name, after := range h.cpuTimes() {
 		if before, ok := cpuBefore[name]; ok {

@@ -70,7 +70,7 @@ func WriteResult(w io.Writer, r BenchResult) {
 			fmt.Fprintf(w, " %s %s/%s;", name, mib(m.RSSKiB), mib(m.PeakKiB))
 		}
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, " extender Go heap in use %.0f MiB\n", r.GPU.ExtenderHeapMiB)
 	fmt.Fprintf(w, "heartbeat renewals: %d sent, %d failed", r.HeartbeatRenewals, r.HeartbeatFailures)
 	if r.HeartbeatError != "" {
 		fmt.Fprintf(w, " (last: %s)", r.HeartbeatError)
