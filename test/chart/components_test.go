@@ -265,8 +265,9 @@ func checkSchedulerConfig(t *testing.T, f configFile) *kubeschedulerconfigv1.Kub
 		return &cfg
 	}
 	e := cfg.Extenders[0]
-	got := struct{ Filter, Prioritize, Bind, NodeCacheCapable, Ignorable any }{e.FilterVerb, e.PrioritizeVerb, e.BindVerb, e.NodeCacheCapable, e.Ignorable}
-	want := struct{ Filter, Prioritize, Bind, NodeCacheCapable, Ignorable any }{"filter", "prioritize", "bind", true, false}
+	// prioritizeVerb is checked against the extender's filterResult (checkCrossComponent).
+	got := struct{ Filter, Bind, NodeCacheCapable, Ignorable any }{e.FilterVerb, e.BindVerb, e.NodeCacheCapable, e.Ignorable}
+	want := struct{ Filter, Bind, NodeCacheCapable, Ignorable any }{"filter", "bind", true, false}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("%s: extender verbs (-want +got):\n%s", f.ref, diff)
 	}
@@ -311,6 +312,11 @@ func checkCrossComponent(t *testing.T, r rendered, got loadedComponents) {
 		if cc := got.scheduler.ClientConnection; x.KubeAPIQPS < cc.QPS || int64(x.KubeAPIBurst) < int64(cc.Burst) {
 			t.Errorf("the extender's API client (kubeAPIQPS %v, kubeAPIBurst %d) is below kube-scheduler's clientConnection (qps %v, burst %d): binding every GPU pod would limit scheduling",
 				x.KubeAPIQPS, x.KubeAPIBurst, cc.QPS, cc.Burst)
+		}
+		// filterResult best passes only the best-scoring nodes: a prioritize call would add
+		// a round trip and nothing else. feasible needs it, or every fitting node ties.
+		if wantVerb := map[extender.FilterResult]string{extender.FilterResultFeasible: "prioritize"}[x.FilterResult]; e.PrioritizeVerb != wantVerb {
+			t.Errorf("kube-scheduler's extender prioritizeVerb %q with the extender's filterResult %q, want %q", e.PrioritizeVerb, x.FilterResult, wantVerb)
 		}
 		if e.HTTPTimeout.Duration <= x.BindTimeout.Duration {
 			t.Errorf("kube-scheduler's extender httpTimeout %v is not above the extender's bindTimeout %v", e.HTTPTimeout.Duration, x.BindTimeout.Duration)
