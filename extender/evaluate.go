@@ -86,7 +86,9 @@ func demandOf(pod *corev1.Pod) (demand, error) {
 	if err != nil {
 		return demand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
 	}
-	d := vgpu.PodDemand{Request: req, Constraints: c}
+	// Host is what the fragmentation policy charges the node's CPU and
+	// memory with, beside the GPUs.
+	d := vgpu.PodDemand{Request: req, Constraints: c, Host: vgpu.HostRequestOf(pod)}
 	return demand{uid: pod.UID, pod: d, key: fmt.Sprintf("%+v", d)}, nil
 }
 
@@ -145,7 +147,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 		// A pod's own earlier usage does not count against itself.
 		usage := n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
-		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage}, opts))
+		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage, HostFree: n.hostFreeLocked()}, opts))
 	}
 	if d.forBind {
 		return toVerdict(n.summary.Fit(d.pod, opts))

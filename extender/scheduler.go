@@ -57,7 +57,7 @@ type Scheduler struct {
 	// pods is the pod informer's store once WatchCluster started it;
 	// Bind reads pods from it. It holds *corev1.Pod for pods that ask for
 	// a hami.io resource or carry hami.io/ annotations and
-	// *metav1.PartialObjectMetadata for the others (trimmer).
+	// *podMeta for the others (trimmer).
 	pods atomic.Pointer[cache.Indexer]
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
@@ -207,21 +207,25 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 }
 
 // podHandlers feeds the pod informer's events to st. A pod the trimmer
-// kept as metadata only asks for no GPU and carries no allocation: it
-// counts nowhere, which upsertPod is told with its identity alone (an
-// update that removed a pod's last hami.io/ annotation must still remove
-// what it counted).
+// kept as a podMeta asks for no GPU and carries no allocation: it counts
+// its CPU and memory on its node and no GPU usage (an update that removed a
+// pod's last hami.io/ annotation must still remove what it counted).
 func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandlerFuncs {
 	asPod := func(obj any) *corev1.Pod {
 		switch o := obj.(type) {
 		case *corev1.Pod:
 			return o
-		case *metav1.PartialObjectMetadata:
+		case *podMeta:
 			return &corev1.Pod{ObjectMeta: o.ObjectMeta}
 		}
 		return nil
 	}
 	return handlers(func(obj any) {
+		if m, ok := obj.(*podMeta); ok {
+			st.upsertHost(m.UID, m.NodeName, m.Terminal, m.Host)
+			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: m.ObjectMeta}, m.Terminal) // no allocation: cannot fail
+			return
+		}
 		if p := asPod(obj); p != nil {
 			if err := st.upsertPod(p); err != nil {
 				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(p), "node", p.Spec.NodeName, "err", err.Error())
@@ -238,13 +242,14 @@ func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandle
 // what the extender never reads, to keep cluster-wide caches small. Of a
 // Pod that asks for a hami.io resource or carries hami.io/ annotations it
 // keeps its identity, those annotations (not, say, kubectl's
-// last-applied-configuration), node, phase and its containers' names,
-// resources and restart policies. Every other pod — most pods of a cluster,
-// which the extender never counts or binds — becomes a
-// *metav1.PartialObjectMetadata with its identity only, a fifth of the
-// size of an empty corev1.Pod. Of a Node it keeps its identity,
-// the ready label, the inventory annotation and the allocatable of
-// resource (not its images, conditions or other status). Of anything else,
+// last-applied-configuration), node, phase, overhead and its containers'
+// names, resources and restart policies. Every other pod — most pods of a
+// cluster, which the extender never binds — becomes a podMeta: its
+// identity, node, whether it finished and its CPU and memory request, a
+// fifth of the size of an empty corev1.Pod. Of a Node it keeps its
+// identity, the ready label, the inventory annotation and the allocatable
+// of resource, CPU and memory (not its images, conditions or other
+// status). Of anything else,
 // all but the managed fields.
 func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 	return func(obj any) (any, error) {
@@ -252,9 +257,7 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 		case *corev1.Pod:
 			annotations := keepAnnotations(o.Annotations)
 			if annotations == nil && !vgpu.AsksForGPU(o) {
-				return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
-					Name: o.Name, Namespace: o.Namespace, UID: o.UID, ResourceVersion: o.ResourceVersion,
-				}}, nil
+				return metaOf(o), nil
 			}
 			p := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{
@@ -262,7 +265,7 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 					ResourceVersion: o.ResourceVersion, Annotations: annotations,
 					DeletionTimestamp: o.DeletionTimestamp,
 				},
-				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName},
+				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName, Overhead: o.Spec.Overhead},
 				Status: corev1.PodStatus{Phase: o.Status.Phase},
 			}
 			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
@@ -276,8 +279,11 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 			if v, ok := o.Annotations[vgpu.AnnotationNodeInventory]; ok {
 				n.Annotations = map[string]string{vgpu.AnnotationNodeInventory: v}
 			}
-			if q, ok := o.Status.Allocatable[resource]; ok {
-				n.Status.Allocatable = corev1.ResourceList{resource: q}
+			n.Status.Allocatable = corev1.ResourceList{}
+			for _, r := range []corev1.ResourceName{resource, corev1.ResourceCPU, corev1.ResourceMemory} {
+				if q, ok := o.Status.Allocatable[r]; ok {
+					n.Status.Allocatable[r] = q
+				}
 			}
 			return n, nil
 		case metav1.Object:

@@ -38,6 +38,9 @@ type clusterState struct {
 	known int
 	// pods holds every pod counted in some node's usage, by UID.
 	pods map[types.UID]*podEntry
+	// hosts holds what every bound, running pod takes of its node's CPU
+	// and memory, by UID, GPU pod or not.
+	hosts map[types.UID]hostEntry
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
 
@@ -84,6 +87,11 @@ type nodeState struct {
 	gen uint64
 	// verdicts remembers the latest Fit verdicts for a few pod shapes.
 	verdicts verdictCache
+	// hostAllocatable is the Node's allocatable CPU and memory (nil:
+	// unknown); hostRequested what its pods request of them. The summary
+	// is given the difference (hostFreeLocked).
+	hostAllocatable *vgpu.HostResources
+	hostRequested   vgpu.HostResources
 }
 
 // podEntry is one pod counted in a node's usage.
@@ -119,6 +127,7 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 		nodes:           map[string]*nodeState{},
 		byLease:         map[string]*nodeState{},
 		pods:            map[types.UID]*podEntry{},
+		hosts:           map[types.UID]hostEntry{},
 		leases:          map[string]*leaseState{},
 		retries:         newRetries(),
 		now:             now,
@@ -163,7 +172,10 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 		}
 		n.rawInventory, n.inventory, n.inventoryErr = raw, inv, err
 	}
-	if n.summary == nil || n.rawInventory != oldInventory {
+	alloc := hostAllocatableOf(node)
+	hostChanged := (alloc == nil) != (n.hostAllocatable == nil) || alloc != nil && *alloc != *n.hostAllocatable
+	n.hostAllocatable = alloc
+	if n.summary == nil || n.rawInventory != oldInventory || hostChanged {
 		st.refreshLocked(n)
 	}
 	label, hasLabel := node.Labels[vgpu.LabelGPUReady]
@@ -269,7 +281,14 @@ func (st *clusterState) deleteLease(name string) {
 // still unbound. It returns an error to log when the pod carries an
 // allocation that is not counted because it is malformed.
 func (st *clusterState) upsertPod(pod *corev1.Pod) error {
-	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	terminal := terminal(pod.Status.Phase)
+	st.upsertHost(pod.UID, pod.Spec.NodeName, terminal, vgpu.HostRequestOf(pod))
+	return st.upsertGPU(pod, terminal)
+}
+
+// upsertGPU is upsertPod's GPU usage: pod counts or stops counting on its
+// node, as upsertPod says.
+func (st *clusterState) upsertGPU(pod *corev1.Pod, terminal bool) error {
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
 	if terminal || node != "" {
@@ -340,6 +359,7 @@ func (st *clusterState) deletePod(uid types.UID) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.removeLocked(st.pods[uid])
+	st.setHostLocked(uid, hostEntry{}, false)
 }
 
 // addLocked counts e on its node. Callers hold the write lock.
@@ -379,7 +399,7 @@ func (st *clusterState) release(e *podEntry) bool {
 // generation and summary. Callers hold the write lock.
 func (st *clusterState) refreshLocked(n *nodeState) {
 	n.gen++
-	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage}, st.workload)
+	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage, HostFree: n.hostFreeLocked()}, st.workload)
 }
 
 // usageOf returns a copy of node's usage, for tests and debugging.

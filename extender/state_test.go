@@ -178,7 +178,7 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 		t.Fatalf("counted pod: %d MiB used, want 2000", got)
 	}
 	meta := add(bare)
-	if _, ok := meta.(*metav1.PartialObjectMetadata); !ok {
+	if _, ok := meta.(*podMeta); !ok {
 		t.Fatalf("trimmed bare pod is a %T, want metadata only", meta)
 	}
 	h.OnUpdate(add(counted), meta)
@@ -216,7 +216,7 @@ func TestTrim(t *testing.T) {
 		t.Errorf("trimmed pod kept labels, env or annotations other than hami.io/: %+v", trimmed)
 	}
 
-	// A pod that asks for no GPU is kept as its identity only.
+	// A pod that asks for no GPU is kept as its identity, node and host request only.
 	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Obj()
 	plain.Spec.NodeName = "n1"
 	plain.Labels = map[string]string{"app": "x"}
@@ -225,7 +225,11 @@ func TestTrim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantMeta := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: plain.Name, Namespace: plain.Namespace, UID: plain.UID, ResourceVersion: "7"}}
+	wantMeta := &podMeta{
+		ObjectMeta: metav1.ObjectMeta{Name: plain.Name, Namespace: plain.Namespace, UID: plain.UID, ResourceVersion: "7"},
+		NodeName:   "n1",
+		Host:       vgpu.HostResources{CPUMilli: 2000},
+	}
 	if diff := cmp.Diff(wantMeta, obj); diff != "" {
 		t.Errorf("trimmed plain pod (-want +got):\n%s", diff)
 	}
@@ -249,11 +253,11 @@ func TestTrim(t *testing.T) {
 		t.Errorf("inventory (-full +trimmed):\n%s", diff)
 	}
 	if f.known != sm.known || f.rawInventory != sm.rawInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
-		f.unready != nil || sm.unready != nil {
+		f.unready != nil || sm.unready != nil || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil {
 		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
 	}
 	trimmedNode := obj.(*corev1.Node)
-	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 1 ||
+	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 2 ||
 		trimmedNode.Status.Images != nil || trimmedNode.Status.Conditions != nil {
 		t.Errorf("trimmed node kept what the extender does not read: %+v", trimmedNode)
 	}
@@ -281,4 +285,48 @@ func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
 // testState is an empty state as New makes it, on the fixed test time.
 func testState() *clusterState {
 	return newClusterState(vgpu.ResourceGPU, func() time.Time { return now }, DefaultHeartbeatMaxAge, vgpu.DefaultWorkload())
+}
+
+// TestHostFree checks the CPU and memory the summaries are given: the
+// Node's allocatable less what its bound, running pods request, GPU pods or
+// not, through the informer's trimmed objects.
+func TestHostFree(t *testing.T) {
+	st := testState()
+	h := podHandlers(klog.Background(), st)
+	trim := trimmer(vgpu.ResourceGPU)
+	obj := func(o runtime.Object) any {
+		t.Helper()
+		out, err := trim(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	node := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()).Obj()
+	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
+	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("32Gi")
+	st.upsertNode(obj(node).(*corev1.Node))
+	free := func() *vgpu.HostResources {
+		st.mu.RLock()
+		defer st.mu.RUnlock()
+		return st.nodes["n1"].hostFreeLocked()
+	}
+	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Limit(corev1.ResourceMemory, "4Gi").Obj()
+	pending := plain.DeepCopy()
+	h.OnAdd(obj(pending), false)
+	plain.Spec.NodeName = "n1"
+	h.OnUpdate(obj(pending), obj(plain))
+	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 2000, 0).Obj()
+	gpu := boundPod(vgputest.Pod("gpu").Container("main").GPU(1).MemoryMiB(2000).Limit(corev1.ResourceCPU, "1"), alloc)
+	h.OnAdd(obj(gpu), false)
+	if diff := cmp.Diff(&vgpu.HostResources{CPUMilli: 5000, MemoryMiB: 28 << 10}, free()); diff != "" {
+		t.Errorf("two pods bound (-want +got):\n%s", diff)
+	}
+	done := plain.DeepCopy()
+	done.Status.Phase = corev1.PodSucceeded
+	h.OnUpdate(obj(plain), obj(done))
+	h.OnDelete(obj(gpu))
+	if diff := cmp.Diff(&vgpu.HostResources{CPUMilli: 8000, MemoryMiB: 32 << 10}, free()); diff != "" {
+		t.Errorf("one finished, one deleted (-want +got):\n%s", diff)
+	}
 }

@@ -1,0 +1,117 @@
+package extender
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// podMeta is what the pod cache keeps of a pod that asks for no hami.io
+// resource and carries no hami.io/ annotation — most pods of a cluster: its
+// identity, and what it takes of its node's CPU and memory, which the
+// fragmentation policy weighs (a GPU whose node has no CPU left for the
+// tasks that could use it is as good as taken). It is a runtime.Object only
+// to live in the informer's store.
+type podMeta struct {
+	metav1.TypeMeta
+	metav1.ObjectMeta
+	// NodeName is the node the pod is bound to ("" while pending);
+	// Terminal is true once it Succeeded or Failed.
+	NodeName string
+	Terminal bool
+	// Host is vgpu.HostRequestOf the pod.
+	Host vgpu.HostResources
+}
+
+// DeepCopyObject copies p.
+func (p *podMeta) DeepCopyObject() runtime.Object {
+	c := *p
+	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	return &c
+}
+
+// metaOf is the trimmer's podMeta of pod.
+func metaOf(pod *corev1.Pod) *podMeta {
+	return &podMeta{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		NodeName:   pod.Spec.NodeName,
+		Terminal:   terminal(pod.Status.Phase),
+		Host:       vgpu.HostRequestOf(pod),
+	}
+}
+
+// terminal reports whether a pod in phase holds nothing on its node any more.
+func terminal(phase corev1.PodPhase) bool {
+	return phase == corev1.PodSucceeded || phase == corev1.PodFailed
+}
+
+// hostEntry is one pod's share of its node's CPU and memory.
+type hostEntry struct {
+	node string
+	req  vgpu.HostResources
+}
+
+// upsertHost records what pod uid takes of node's CPU and memory: req while
+// it is bound there and not terminal (node "" or terminal: nothing). A
+// change refreshes the nodes concerned; most pod events change nothing and
+// take only the read lock.
+func (st *clusterState) upsertHost(uid types.UID, node string, isTerminal bool, req vgpu.HostResources) {
+	want := hostEntry{node: node, req: req}
+	counts := node != "" && !isTerminal && req != (vgpu.HostResources{})
+	st.mu.RLock()
+	old, had := st.hosts[uid]
+	st.mu.RUnlock()
+	if had == counts && (!counts || old == want) {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.setHostLocked(uid, want, counts)
+}
+
+// setHostLocked replaces uid's host entry by want (none when !counts).
+// Callers hold the write lock.
+func (st *clusterState) setHostLocked(uid types.UID, want hostEntry, counts bool) {
+	if old, ok := st.hosts[uid]; ok {
+		if counts && old == want {
+			return
+		}
+		n := st.nodes[old.node]
+		n.hostRequested = n.hostRequested.Minus(old.req)
+		delete(st.hosts, uid)
+		st.refreshLocked(n)
+	}
+	if !counts {
+		return
+	}
+	n := st.nodeLocked(want.node)
+	n.hostRequested.CPUMilli += want.req.CPUMilli
+	n.hostRequested.MemoryMiB += want.req.MemoryMiB
+	st.hosts[uid] = want
+	st.refreshLocked(n)
+}
+
+// hostFreeLocked is n's allocatable CPU and memory less what its pods
+// request, or nil while its Node's allocatable CPU is unknown. Callers hold
+// st.mu.
+func (n *nodeState) hostFreeLocked() *vgpu.HostResources {
+	if n.hostAllocatable == nil {
+		return nil
+	}
+	free := n.hostAllocatable.Minus(n.hostRequested)
+	return &free
+}
+
+// hostAllocatableOf reads a Node's allocatable CPU and memory (MiB, rounded
+// down); nil when it has no allocatable CPU (a Node not yet reported by its
+// kubelet).
+func hostAllocatableOf(node *corev1.Node) *vgpu.HostResources {
+	if _, ok := node.Status.Allocatable[corev1.ResourceCPU]; !ok {
+		return nil
+	}
+	a := vgpu.HostResources{CPUMilli: node.Status.Allocatable.Cpu().MilliValue(), MemoryMiB: node.Status.Allocatable.Memory().Value() >> 20}
+	return &a
+}
