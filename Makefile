@@ -70,7 +70,7 @@ FGD_POLICY ?= fragmentation
 
 .PHONY: bench-fgd
 bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through kube-scheduler + extender; unallocated GPU beside gpuslice simulate's.
-	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
+	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
 demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).

@@ -218,7 +218,7 @@ func TestBenchScale(t *testing.T) {
 
 // TestReplayFGD is make bench-fgd: it runs only when FGD_SEED is set, and replays the FGD trace
 // (beside the repository) through kube-scheduler and the extender with policy FGD_POLICY
-// (default fragmentation) and SCALE_PROFILE_PATCH as in TestBenchScale, printing the real path's
+// (default fragmentation), SCALE_PROFILE_PATCH and SCALE_CHART_SET as in TestBenchScale, printing the real path's
 // unallocated-GPU share beside
 // vgpu/simulate's for the same seed. Only a wrong allocation fails it.
 func TestReplayFGD(t *testing.T) {
@@ -241,6 +241,9 @@ func TestReplayFGD(t *testing.T) {
 	defer cancel()
 	hc := harnessConfig(t, nil)
 	hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
+	if set := os.Getenv("SCALE_CHART_SET"); set != "" {
+		hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
+	}
 	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: hc, Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
 	if err != nil {
 		t.Fatal(err)
