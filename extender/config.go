@@ -108,11 +108,11 @@ type Config struct {
 type FilterResult string
 
 const (
-	// FilterResultBest passes only the nodes whose placement scores best under the node
-	// policy (vgpu.NodeScore.Compare; every node of a tie), so that kube-scheduler chooses by
-	// the extender's exact score, not its 0..10 rendering, and its profile needs no
-	// prioritizeVerb: one HTTP round trip per pod instead of two. kube-scheduler's own score
-	// plugins then choose among tied nodes only.
+	// FilterResultBest passes only the nodes in the best tier of the node
+	// policy's score: the score rendered 0..10 as Prioritize renders it,
+	// every node of that tier. kube-scheduler's own score plugins choose
+	// among them, and its profile needs no prioritizeVerb: one HTTP round
+	// trip per pod instead of two, the same choice within a tier.
 	FilterResultBest FilterResult = "best"
 	// FilterResultFeasible passes every node where the pod fits; the profile's prioritizeVerb
 	// scores them (0..10) and kube-scheduler adds its own plugins' scores to choose.
@@ -207,7 +207,7 @@ func (c Config) Validate() error {
 		errs = append(errs, vgpu.InvalidField("maxPendingBinds", fmt.Sprint(c.MaxPendingBinds), "must be from 0 (derived from kubeAPIQPS and bindTimeout) to 1000000"))
 	}
 	if c.FilterResult != FilterResultBest && c.FilterResult != FilterResultFeasible {
-		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the best-scoring nodes; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
+		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the nodes of the best score tier; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
 	}
 	return errors.Join(errs...)
 }

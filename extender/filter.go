@@ -38,9 +38,9 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 
 // Filter keeps the candidate nodes where the pod fits now, for
 // kube-scheduler's filterVerb; with Config.FilterResult best (the default)
-// only those of them whose placement scores best under the node policy,
-// every node of a tie: the others are left out of the answer, neither
-// passed nor failed. The answer has the same form as the
+// only those of them in the best tier of the node policy's score (the score
+// rendered 0..10 as Prioritize renders it): the others are left out of the
+// answer, neither passed nor failed. The answer has the same form as the
 // question: NodeNames when args had NodeNames (nodeCacheCapable), else
 // Nodes with the passing items of args.Nodes. Nodes turned away are in
 // FailedAndUnresolvableNodes when evicting pods cannot help (the device
@@ -95,9 +95,9 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			verdicts[i] = verdict{fits: true}
 		}
 	}
-	var best *vgpu.NodeScore
+	tier := int64(-1) // every fitting node passes
 	if s.cfg.FilterResult == FilterResultBest {
-		best = bestScore(verdicts)
+		tier = bestTier(verdicts)
 	}
 	passed := make([]string, 0, len(names))
 	var items []corev1.Node
@@ -105,8 +105,8 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
 		if v.fits {
-			if best != nil && v.score.Compare(*best) < 0 {
-				// Fits, but scores below the best: left out, not failed.
+			if scaleScore(v.score.Value) < tier {
+				// Fits, but scores below the best tier: left out, not failed.
 				continue
 			}
 			passed = append(passed, names[i])
@@ -163,12 +163,14 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	return result, nil
 }
 
-// bestScore returns the best score among the fitting verdicts, or nil when none fits.
-func bestScore(verdicts []verdict) *vgpu.NodeScore {
-	var best *vgpu.NodeScore
+// bestTier returns the best score among the fitting verdicts, rendered
+// 0..extenderv1.MaxExtenderPriority as Prioritize renders it; -1 when none
+// fits.
+func bestTier(verdicts []verdict) int64 {
+	best := int64(-1)
 	for i := range verdicts {
-		if v := &verdicts[i]; v.fits && (best == nil || v.score.Compare(*best) > 0) {
-			best = &v.score
+		if v := &verdicts[i]; v.fits {
+			best = max(best, scaleScore(v.score.Value))
 		}
 	}
 	return best
