@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -223,7 +224,7 @@ type stat struct {
 	pgrp      int
 	startTime uint64
 	// cpuTicks is user plus system time, in clock ticks (USER_HZ, 100 per second on Linux).
-	cpuTicks uint64
+	cpuTicks int64
 }
 
 // userHZ is the unit of the times in /proc/PID/stat: fixed at 100 by the kernel's ABI whatever
@@ -252,8 +253,8 @@ func procStat(pid int) (stat, error) {
 	if err != nil {
 		return stat{}, fmt.Errorf("parse start time: %w", err)
 	}
-	utime, uerr := strconv.ParseUint(f[11], 10, 64)
-	stime, serr := strconv.ParseUint(f[12], 10, 64)
+	utime, uerr := strconv.ParseInt(f[11], 10, 64)
+	stime, serr := strconv.ParseInt(f[12], 10, 64)
 	if err := errors.Join(uerr, serr); err != nil {
 		return stat{}, fmt.Errorf("parse cpu times: %w", err)
 	}
