@@ -223,7 +223,7 @@ func TestRestartsDuringBurst(t *testing.T) {
 
 // TestForgedAndGarbageInput is proof 6: a pod that sets its own allocation annotation is rejected
 // by the API server (through the webhook), and garbage sent to every extender and webhook endpoint
-// gets a 4xx answer, not a crash.
+// gets a 4xx answer, not a crash. Then, with the webhook stopped, only GPU pods are refused.
 func TestForgedAndGarbageInput(t *testing.T) {
 	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "1xA100-80GB"})
 	ctx := context.Background()
@@ -267,6 +267,27 @@ func TestForgedAndGarbageInput(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("GET %s after garbage: HTTP %d", url, resp.StatusCode)
 		}
+	}
+	checkWebhookDown(ctx, t, c)
+}
+
+// checkWebhookDown stops the webhook: a pod that asks for no hami.io resource and carries no
+// hami.io annotation is still created (the webhook's matchConditions keep it away), while a GPU
+// pod is refused (failurePolicy Fail) with a message that names the webhook.
+func checkWebhookDown(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	if err := c.StopWebhook(); err != nil {
+		t.Fatal(err)
+	}
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	plain := slicePod("plain-webhook-down", 1024, 0)
+	plain.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	if _, err := pods.Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create a plain pod with the webhook down: %v, want it created", err)
+	}
+	_, err := pods.Create(ctx, slicePod("gpu-webhook-down", 1024, 0), metav1.CreateOptions{})
+	if want := `failed calling webhook "pods.gpuslice.io"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("create a GPU pod with the webhook down: err = %v, want a refusal containing %q", err, want)
 	}
 }
 
