@@ -268,7 +268,39 @@ func TestForgedAndGarbageInput(t *testing.T) {
 			t.Errorf("GET %s after garbage: HTTP %d", url, resp.StatusCode)
 		}
 	}
+	checkBypassingPod(ctx, t, c)
 	checkWebhookDown(ctx, t, c)
+}
+
+// checkBypassingPod creates GPU pods with spec.nodeName set, which the scheduler never sees and
+// so never get an allocation: the webhook rejects one, and one created where the webhook is not
+// called (kube-system) is rejected by the kubelet at admission, because the plugin's Allocate
+// refuses its devices, and ends Failed with the reason; a pod bound by the scheduler then runs.
+func checkBypassingPod(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	bypass := gpuPod("bypass", 1)
+	bypass.Spec.NodeName = "node-1"
+	_, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, bypass, metav1.CreateOptions{})
+	if want := `spec.nodeName="node-1": must be empty for a pod that asks for hami.io resources`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("create a GPU pod with spec.nodeName set: err = %v, want a denial containing %q", err, want)
+	}
+	bypass.Namespace = metav1.NamespaceSystem
+	system := c.Client().CoreV1().Pods(metav1.NamespaceSystem)
+	if _, err := system.Create(ctx, bypass, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create a GPU pod with spec.nodeName set in %s: %v", metav1.NamespaceSystem, err)
+	}
+	const want = "a pod created with spec.nodeName set bypasses it"
+	poll(t, time.Minute, "the bypassing pod Failed at admission", func(ctx context.Context) (bool, string) {
+		p, err := system.Get(ctx, bypass.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodFailed && strings.Contains(p.Status.Message, want), fmt.Sprintf("phase %s reason %q message %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
+	})
+	if _, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, slicePod("after-bypass", 1024, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunningOn(t, c, "after-bypass", "node-1")
 }
 
 // checkWebhookDown stops the webhook: a pod that asks for no hami.io resource and carries no
