@@ -204,9 +204,14 @@ func pickDevices(want []vgpu.GPUSlice, avail, must []string) ([]string, bool) {
 }
 
 // defaultPick is the kubelet's own choice: the must-include IDs, then the
-// available ones in order, size in all.
+// available ones in order, size in all, each ID once.
 func defaultPick(avail, must []string, size int) []string {
-	pick := slices.Clone(must)
+	pick := make([]string, 0, len(must)+min(max(size, 0), len(avail)))
+	for _, id := range must {
+		if !slices.Contains(pick, id) {
+			pick = append(pick, id)
+		}
+	}
 	for _, id := range avail {
 		if len(pick) >= size {
 			break
