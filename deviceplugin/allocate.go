@@ -11,6 +11,8 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // Hand-off timings.
@@ -102,12 +104,77 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 				return nil, err
 			}
 		} else {
+			if err := a.requireAllocation(ctx, ids, gpus); err != nil {
+				return nil, err
+			}
 			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(device)}}}
 		}
 		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", device)
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
 	return resp, nil
+}
+
+// requireAllocation makes a mode-cdi Allocate refuse devices that no
+// container placed by the scheduler can own. Allocate carries no pod
+// identity, so it looks for a pending container (pendingContainers) whose
+// allocation has one slice per ID, on exactly the GPUs behind the IDs,
+// waiting for the pod view up to OwnerWait. A pod that bypassed the
+// scheduler (spec.nodeName set at creation) has no allocation: refusing
+// here makes the kubelet reject it at admission (phase Failed, with this
+// message) and free its devices, instead of holding them while every start
+// of the container is refused. The error is FailedPrecondition.
+func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) error {
+	if a.pods == nil {
+		return status.Error(codes.FailedPrecondition, errNoPodView.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
+	defer cancel()
+	if !a.waitSynced(ctx) {
+		return status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
+	}
+	held := a.heldDevices(ctx)
+	if _, ok := a.waitPending(ctx, func() (pendingContainer, bool) {
+		for _, c := range a.pendingContainers(held) {
+			if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
+				return c, true
+			}
+		}
+		return pendingContainer{}, false
+	}); !ok {
+		return status.Errorf(codes.FailedPrecondition,
+			"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
+				"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
+			a.cfg.NodeName, len(ids), gpus, ids, a.cfg.ResourceName, vgpu.AnnotationPodAllocation)
+	}
+	return nil
+}
+
+// heldDevices returns the device IDs each container holds in PodResources
+// (containerDevices), or nil when PodResources does not answer.
+func (a *allocator) heldDevices(ctx context.Context) map[containerRef][]string {
+	pods, err := a.lister.List(ctx)
+	if err != nil {
+		a.logger.V(2).Info("Allocate: PodResources did not answer; matching without it", "err", err.Error())
+		return nil
+	}
+	return containerDevices(pods, a.cfg.ResourceName)
+}
+
+// waitPending calls match until it finds a container, again after every
+// change of the pod view, until ctx ends (false).
+func (a *allocator) waitPending(ctx context.Context, match func() (pendingContainer, bool)) (pendingContainer, bool) {
+	for {
+		changed := a.pods.Changed()
+		if c, ok := match(); ok {
+			return c, true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return pendingContainer{}, false
+		}
+	}
 }
 
 // checkIDs validates device IDs made by DeviceID for advertised GPUs. It

@@ -1,14 +1,10 @@
 package deviceplugin
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -113,58 +109,5 @@ func TestInventoryHealth(t *testing.T) {
 	}
 	if inv.setHealth(vgpu.HealthEvent{UUID: "GPU-unknown", Health: vgpu.Unhealthy}) {
 		t.Error("an unknown GPU changed the inventory")
-	}
-}
-
-func TestAllocate(t *testing.T) {
-	inv, err := newInventory(validConfig(), testGPUs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &allocator{cfg: validConfig(), inv: inv, logger: ktesting.NewLogger(t, ktesting.DefaultConfig)}
-	gpu0, gpu1 := testGPUs()[1].UUID, testGPUs()[0].UUID
-	name := func(ids ...string) string { return CDIQualifiedName(cdiDeviceName(ids)) }
-	tests := []struct {
-		name     string
-		ids      [][]string
-		want     []string // CDI device per container
-		wantCode codes.Code
-	}{
-		{name: "one slice", ids: [][]string{{DeviceID(gpu0, 3)}}, want: []string{name(DeviceID(gpu0, 3))}},
-		{name: "name ignores order", ids: [][]string{{DeviceID(gpu1, 0), DeviceID(gpu0, 0)}}, want: []string{name(DeviceID(gpu0, 0), DeviceID(gpu1, 0))}},
-		{name: "one answer per container", ids: [][]string{{DeviceID(gpu0, 0)}, {DeviceID(gpu1, 5)}}, want: []string{name(DeviceID(gpu0, 0)), name(DeviceID(gpu1, 5))}},
-		{name: "no IDs", ids: [][]string{{}}, wantCode: codes.InvalidArgument},
-		{name: "foreign ID", ids: [][]string{{"nvidia0"}}, wantCode: codes.InvalidArgument},
-		{name: "unknown GPU", ids: [][]string{{DeviceID(gpu0, 0)}, {DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			req := &pluginapi.AllocateRequest{}
-			for _, ids := range tt.ids {
-				req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
-			}
-			resp, err := a.allocate(context.Background(), req)
-			if tt.wantCode != codes.OK {
-				if status.Code(err) != tt.wantCode || resp != nil {
-					t.Fatalf("allocate = %v, %v; want nil, code %v", resp, err, tt.wantCode)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, c := range resp.GetContainerResponses() {
-				for _, d := range c.GetCdiDevices() {
-					got = append(got, d.GetName())
-				}
-				if len(c.GetEnvs()) != 0 {
-					t.Errorf("mode cdi answered env %v; the CDI spec carries it", c.GetEnvs())
-				}
-			}
-			if diff := cmp.Diff(tt.want, got); diff != "" {
-				t.Errorf("CDI devices per container (-want +got):\n%s", diff)
-			}
-		})
 	}
 }

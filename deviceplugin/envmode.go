@@ -26,26 +26,16 @@ func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string, device 
 	if !a.waitSynced(ctx) {
 		return nil, status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
 	}
-	var held map[containerRef][]string
-	if pods, err := a.lister.List(ctx); err == nil {
-		held = containerDevices(pods, a.cfg.ResourceName)
-	} else {
-		// Bindings still rule out the containers allocated before.
-		a.logger.V(2).Info("Allocate: PodResources did not answer; matching without it", "err", err.Error())
+	// Bindings still rule out the containers allocated before when
+	// PodResources does not answer.
+	held := a.heldDevices(ctx)
+	c, ok := a.waitPending(ctx, func() (pendingContainer, bool) { return a.envMatch(device, ids, gpus, held) })
+	if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"no pending container on node %s was placed by the scheduler on GPUs %v (devices %v): mode env needs the pod's %d-GPU allocation on exactly these GPUs",
+			a.cfg.NodeName, gpus, ids, len(ids))
 	}
-	for {
-		changed := a.pods.Changed()
-		if c, ok := a.envMatch(device, ids, gpus, held); ok {
-			return a.bindEnv(c, ids, device)
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, status.Errorf(codes.FailedPrecondition,
-				"no pending container on node %s was placed by the scheduler on GPUs %v (devices %v): mode env needs the pod's %d-GPU allocation on exactly these GPUs",
-				a.cfg.NodeName, gpus, ids, len(ids))
-		}
-	}
+	return a.bindEnv(c, ids, device)
 }
 
 // envMatch picks the container for ids (see allocateEnv).

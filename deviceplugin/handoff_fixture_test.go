@@ -124,7 +124,7 @@ func (f *fakePodResources) callCount() int {
 // handoffFixture is an allocator over a real pod informer (on client-go's
 // fake clientset), a fake PodResources API and a fake event recorder.
 type handoffFixture struct {
-	t      *testing.T
+	t      testing.TB
 	cfg    Config
 	client *fake.Clientset
 	view   *podView
@@ -137,7 +137,7 @@ func fastTimings() timings {
 	return timings{Budget: 300 * time.Millisecond, OwnerWait: 50 * time.Millisecond, RetryInitial: time.Millisecond, RetryMax: 10 * time.Millisecond, ClaimTTL: time.Minute, GCInterval: time.Hour, PreferWait: 100 * time.Millisecond}
 }
 
-func newHandoff(t *testing.T, mutate func(*Config)) *handoffFixture {
+func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 	t.Helper()
 	cfg := validConfig()
 	cfg.DevicePluginDir = t.TempDir()

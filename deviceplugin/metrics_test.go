@@ -145,13 +145,13 @@ func TestMetricsHandoff(t *testing.T) {
 	f.alloc.metrics = p.metrics
 	good, missing, unheld := DeviceID(gpuA, 1), DeviceID(gpuA, 2), DeviceID(gpuB, 3)
 
+	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
 	if _, err := f.allocate(good); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.allocate("nvidia0"); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("allocate(nvidia0) = %v, want InvalidArgument", err)
 	}
-	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
 	f.addPod(gpuPod("bare", time.Now(), nil, "main"))
 	f.podRes.hold("default", "p", "main", good)
 	f.podRes.hold("default", "bare", "main", missing)

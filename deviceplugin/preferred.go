@@ -25,8 +25,8 @@ type pendingContainer struct {
 }
 
 // preferred answers GetPreferredAllocation. It never fails: with no match,
-// or when the PodResources API does not answer at once, it returns the
-// kubelet's default choice (the must-include IDs, then the first available
+// or when the PodResources API does not answer within PreferWait (failed
+// calls are retried with back-off), it returns the kubelet's default choice (the must-include IDs, then the first available
 // ones).
 func (a *allocator) preferred(ctx context.Context, req *pluginapi.PreferredAllocationRequest) *pluginapi.PreferredAllocationResponse {
 	resp := &pluginapi.PreferredAllocationResponse{}
@@ -57,11 +57,19 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 		a.logger.Info("GetPreferredAllocation: the pod view has not listed the node's pods yet; the kubelet chooses")
 		return fallback
 	}
+	delay := a.t.RetryInitial
 	for {
 		changed := a.pods.Changed()
 		// Bounded by PreferWait too: the kubelet admits one pod at a time.
 		pods, err := a.lister.List(waitCtx)
 		if err != nil {
+			// Its rate limit rejects at once: a guess now would put the
+			// devices on GPUs Allocate then refuses, so ask again while
+			// the wait lasts.
+			if a.sleep(waitCtx, delay) {
+				delay = min(2*delay, a.t.RetryMax)
+				continue
+			}
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
 		}
@@ -204,9 +212,14 @@ func pickDevices(want []vgpu.GPUSlice, avail, must []string) ([]string, bool) {
 }
 
 // defaultPick is the kubelet's own choice: the must-include IDs, then the
-// available ones in order, size in all.
+// available ones in order, size in all, each ID once.
 func defaultPick(avail, must []string, size int) []string {
-	pick := slices.Clone(must)
+	pick := make([]string, 0, len(must)+min(max(size, 0), len(avail)))
+	for _, id := range must {
+		if !slices.Contains(pick, id) {
+			pick = append(pick, id)
+		}
+	}
 	for _, id := range avail {
 		if len(pick) >= size {
 			break

@@ -81,8 +81,16 @@ func TestGetPreferredAllocation(t *testing.T) {
 		{name: "regular init containers are skipped", pods: []*corev1.Pod{initOnly, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)}},
 		{name: "sidecars are served", pods: []*corev1.Pod{sidecar, mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)}},
 		{
-			name: "PodResources over its rate limit: the kubelet's order", pods: []*corev1.Pod{old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)},
+			name: "PodResources over its rate limit once: asked again", pods: []*corev1.Pod{old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
 			setup: func(f *handoffFixture) { f.podRes.fail(codes.ResourceExhausted) },
+		},
+		{
+			name: "PodResources over its rate limit for the whole wait: the kubelet's order", pods: []*corev1.Pod{old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuA, 0)},
+			setup: func(f *handoffFixture) {
+				for range 1000 {
+					f.podRes.fail(codes.ResourceExhausted)
+				}
+			},
 		},
 		{name: "no pending pod: must-include first, then the kubelet's order", avail: devicesOf(), must: []string{DeviceID(gpuB, 3)}, size: 2, want: []string{DeviceID(gpuB, 3), DeviceID(gpuA, 0)}},
 	}

@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // preStart answers PreStartContainer, which the kubelet calls before every
@@ -70,12 +72,9 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 // gpus, as checkIDs returns them), its slice. The device name depends on the IDs only and IDs pass from pod to
 // pod, so the spec is rewritten on every start.
 func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
-	pod, ca, err := a.podAllocation(ctx, ref)
+	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
 	if err != nil {
 		return err
-	}
-	if len(ca.GPUs) != len(ids) {
-		return refuse(ReasonAllocationMismatch, ref, pod, "container %s holds %d %s devices but its allocation has %d GPU slices", ref, len(ids), a.cfg.ResourceName, len(ca.GPUs))
 	}
 	edits, err := a.editsFor(pod, ca)
 	if err != nil {
@@ -89,11 +88,51 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", CDIQualifiedName(name), err)
 	}
-	if !slices.Equal(gpus, allocationGPUs(ca)) {
-		a.logger.V(2).Info("The kubelet's devices are on other GPUs than the scheduler chose; the container gets the scheduler's", "container", ref, "devices", ids)
-	}
 	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids)
 	return nil
+}
+
+// matchingAllocation returns ref's pod and container allocation once the
+// allocation fits the devices the container holds: one slice per ID, on
+// exactly the GPUs behind the IDs. PodResources names the pod by namespace
+// and name only, so a pod deleted and created again under the same name
+// (a StatefulSet's web-0) can still be the old one in the pod view, with
+// the old pod's allocation; the devices then give it away. A mismatch is
+// waited out for OwnerWait (the view catching up), then refused, as is a
+// pod the view shows being deleted (the kubelet starts no container of
+// one): the
+// kubelet retries the start, which succeeds once the view shows the pod
+// the devices were allocated for.
+func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
+	defer cancel()
+	for {
+		changed := a.pods.Changed()
+		pod, ca, err := a.podAllocation(ctx, ref)
+		if err != nil {
+			return nil, vgpu.ContainerAllocation{}, err
+		}
+		deleting := pod.DeletionTimestamp != nil
+		if !deleting && len(ca.GPUs) == len(ids) && slices.Equal(gpus, allocationGPUs(ca)) {
+			return pod, ca, nil
+		}
+		select {
+		case <-changed:
+			continue
+		case <-waitCtx.Done():
+		}
+		if deleting {
+			// The kubelet starts no container of a pod being deleted: the
+			// one starting belongs to a pod of that name created again.
+			return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMismatch, ref, pod,
+				"pod %s/%s (UID %s) is being deleted in the plugin's view, so the container starting belongs to a pod of that name created again; the start is retried once the view shows it",
+				pod.Namespace, pod.Name, pod.UID)
+		}
+		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMismatch, ref, pod,
+			"container %s holds %d %s devices on GPUs %v, but the allocation of pod %s/%s (UID %s) has %d GPU slices on %v: "+
+				"the devices were allocated for another pod of that name (the plugin's view of a pod deleted and created again may lag); the start is retried",
+			ref, len(ids), a.cfg.ResourceName, gpus, pod.Namespace, pod.Name, pod.UID, len(ca.GPUs), allocationGPUs(ca))
+	}
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the

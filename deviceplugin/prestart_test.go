@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestPreStartRefusals(t *testing.T) {
 		{
 			name: "slice count differs from device count", held: "p",
 			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main"),
-			wantErr:   []string{ReasonAllocationMismatch, "holds 1 hami.io/gpu devices but its allocation has 2 GPU slices"},
+			wantErr:   []string{ReasonAllocationMismatch, "holds 1 hami.io/gpu devices on GPUs [" + gpuA + "], but the allocation of pod default/p (UID uid-p) has 2 GPU slices on"},
 			wantEvent: "Warning " + ReasonAllocationMismatch,
 		},
 		{
@@ -66,7 +67,7 @@ func TestPreStartRefusals(t *testing.T) {
 		{
 			name: "allocation names a GPU this node lacks", held: "p",
 			pod:       gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice("GPU-elsewhere", 1024, 0)), "main"),
-			wantErr:   []string{ReasonAllocationMismatch, "GPU-elsewhere", "does not advertise"},
+			wantErr:   []string{ReasonAllocationMismatch, "has 1 GPU slices on [GPU-elsewhere]"},
 			wantEvent: "Warning " + ReasonAllocationMismatch,
 		},
 		{
@@ -172,6 +173,46 @@ func TestPreStartWaitsForTheView(t *testing.T) {
 	}
 	if got := envValue(specEnv(f.readSpec(id)), EnvPod); got != "default/late" {
 		t.Errorf("spec %s = %q, want default/late", EnvPod, got)
+	}
+}
+
+// TestPreStartRefusesStalePodOfTheSameName is a StatefulSet's web-0
+// deleted and created again on the node while the plugin's view still shows
+// the old pod: PodResources names the new container by namespace and name
+// only, and its devices are on the GPU of the new pod's allocation, not the
+// old one's. The start is refused with an event that says why, and the
+// retry succeeds once the view shows the new pod, with its own slice.
+func TestPreStartRefusesStalePodOfTheSameName(t *testing.T) {
+	f := newHandoff(t, nil)
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "web-0", "main", id)
+
+	err := f.preStart(id)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("preStart with the old pod in the view = %v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{ReasonAllocationMismatch, "on GPUs [" + gpuB + "]", "(UID uid-old) has 1 GPU slices on [" + gpuA + "]", "the start is retried"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+	if e := f.event(); !strings.Contains(e, "Warning "+ReasonAllocationMismatch) || !strings.Contains(e, "another pod of that name") {
+		t.Errorf("event = %q, want a %s warning saying why", e, ReasonAllocationMismatch)
+	}
+
+	f.deletePod("default", "web-0")
+	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
+	recreated.UID = "uid-new"
+	f.addPod(recreated)
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart once the view shows the new pod: %v", err)
+	}
+	env := specEnv(f.readSpec(id))
+	if got := []string{envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
 	}
 }
 

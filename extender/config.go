@@ -3,6 +3,8 @@ package extender
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,9 +16,10 @@ import (
 
 // Defaults for Config, and the limits Validate enforces.
 const (
-	// DefaultAddress listens on every interface, on the port the extender's
-	// Service targets in the chart.
-	DefaultAddress = ":8888"
+	// DefaultAddress listens on the loopback address only: the extender
+	// runs as a sidecar of the kube-scheduler that calls it (the chart's
+	// setup), so nothing outside the pod can reach /bind.
+	DefaultAddress = "127.0.0.1:8888"
 	// DefaultHeartbeatMaxAge is a little more than the device plugin's
 	// default Lease duration (40 s), so one late renewal (every 10 s) does
 	// not turn a node away.
@@ -42,7 +45,10 @@ const (
 // (New does).
 type Config struct {
 	// Address is the host:port the HTTP(S) server listens on; an empty host
-	// means every interface.
+	// means every interface. A host other than a loopback address
+	// (127.0.0.0/8, ::1, localhost) requires ClientCAFile and
+	// AllowedClientNames: the API binds pods, so it is never served beyond
+	// the pod without client certificates.
 	Address string `json:"address"`
 	// HealthAddress, when set, is a second host:port serving only /healthz,
 	// /readyz and /metrics over plain HTTP, for kubelet probes and
@@ -57,10 +63,16 @@ type Config struct {
 	TLSKeyFile string `json:"tlsKeyFile,omitempty"`
 	// ClientCAFile, when set, is a PEM bundle of the CAs whose client
 	// certificates may call /filter, /prioritize and /bind (kube-scheduler's
-	// extender tlsConfig certFile and keyFile); other callers get 403.
-	// /healthz and /readyz stay open for probes. Requires TLSCertFile. Read
+	// extender tlsConfig certFile and keyFile), when their subject is in
+	// AllowedClientNames; other callers get 403. /healthz and /readyz stay
+	// open for probes. Requires TLSCertFile and AllowedClientNames. Read
 	// once at start.
 	ClientCAFile string `json:"clientCAFile,omitempty"`
+	// AllowedClientNames are the client certificate subjects that may call
+	// the API: a verified certificate passes when its subject common name
+	// or one of its DNS names is listed. Required with ClientCAFile, so
+	// that a CA shared with other clients does not let all of them bind.
+	AllowedClientNames []string `json:"allowedClientNames,omitempty"`
 	// NodePolicy ranks nodes for pods that set no hami.io/node-policy:
 	// binpack, spread or fragmentation.
 	NodePolicy vgpu.Policy `json:"nodePolicy"`
@@ -128,7 +140,7 @@ func (c Config) pendingBinds() int {
 }
 
 // DefaultConfig returns the configuration used when nothing is set: plain
-// HTTP on DefaultAddress, binpack for nodes and GPUs.
+// HTTP on DefaultAddress (loopback only), binpack for nodes and GPUs.
 func DefaultConfig() Config {
 	return Config{
 		Address:            DefaultAddress,
@@ -175,6 +187,24 @@ func (c Config) Validate() error {
 	if c.ClientCAFile != "" && c.TLSCertFile == "" {
 		errs = append(errs, vgpu.InvalidField("clientCAFile", c.ClientCAFile, "needs tlsCertFile and tlsKeyFile: client certificates are checked over HTTPS only"))
 	}
+	switch {
+	case c.ClientCAFile != "" && len(c.AllowedClientNames) == 0:
+		errs = append(errs, vgpu.InvalidField("allowedClientNames", "", "required with clientCAFile: the subject (common name or DNS name) of kube-scheduler's client certificate"))
+	case c.ClientCAFile == "" && len(c.AllowedClientNames) > 0:
+		errs = append(errs, vgpu.InvalidField("allowedClientNames", strings.Join(c.AllowedClientNames, ","), "needs clientCAFile: names are checked on verified client certificates only"))
+	}
+	for _, n := range c.AllowedClientNames {
+		if strings.TrimSpace(n) == "" {
+			errs = append(errs, vgpu.InvalidField("allowedClientNames", strings.Join(c.AllowedClientNames, ","), "entries must not be empty"))
+			break
+		}
+	}
+	if c.ClientCAFile == "" && !isLoopback(c.Address) {
+		if _, ok := configfile.Port(c.Address); ok {
+			errs = append(errs, vgpu.InvalidField("address", c.Address, "listens beyond the loopback address without client certificates, so anyone who reaches it could bind pods: "+
+				"run the extender as a sidecar of kube-scheduler on "+DefaultAddress+" (recommended), or set clientCAFile and allowedClientNames"))
+		}
+	}
 	allowedPolicy := "must be one of " + vgpu.PolicyList()
 	if p, err := vgpu.ParsePolicy(string(c.NodePolicy)); err != nil || p == "" {
 		errs = append(errs, vgpu.InvalidField("nodePolicy", string(c.NodePolicy), allowedPolicy))
@@ -212,10 +242,24 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// isLoopback reports whether addr's host is a loopback address or
+// localhost (an empty host is every interface).
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // validateAddress returns a *vgpu.FieldError for field unless addr is
 // host:port with a port from 0 to 65535 (0: any free port).
 func validateAddress(field, addr string) error {
-	const allowed = "must be host:port with a port from 0 to 65535, e.g. " + DefaultAddress + " (every interface) or 127.0.0.1:8888"
+	const allowed = "must be host:port with a port from 0 to 65535, e.g. " + DefaultAddress
 	if _, ok := configfile.Port(addr); !ok {
 		return vgpu.InvalidField(field, addr, allowed)
 	}

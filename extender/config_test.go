@@ -29,7 +29,12 @@ func TestConfigValidate(t *testing.T) {
 		{"health address is address", func(c *Config) { c.HealthAddress = c.Address }, []string{"healthAddress"}},
 		{"cert without key", func(c *Config) { c.TLSCertFile = "tls.crt" }, []string{"tlsKeyFile"}},
 		{"key without cert", func(c *Config) { c.TLSKeyFile = "tls.key" }, []string{"tlsCertFile"}},
-		{"client CA without TLS", func(c *Config) { c.ClientCAFile = "ca.crt" }, []string{"clientCAFile"}},
+		{"client CA without TLS", func(c *Config) { c.ClientCAFile, c.AllowedClientNames = "ca.crt", []string{"kube-scheduler"} }, []string{"clientCAFile"}},
+		{"client CA without allowed names", func(c *Config) { c.TLSCertFile, c.TLSKeyFile, c.ClientCAFile = "tls.crt", "tls.key", "ca.crt" }, []string{"allowedClientNames"}},
+		{"allowed names without client CA", func(c *Config) { c.AllowedClientNames = []string{"kube-scheduler"} }, []string{"allowedClientNames"}},
+		{"every interface without client certificates", func(c *Config) { c.Address = ":8888" }, []string{"address"}},
+		{"a pod IP without client certificates", func(c *Config) { c.Address = "10.0.0.7:8888" }, []string{"address"}},
+		{"every interface with TLS but no client CA", func(c *Config) { c.Address, c.TLSCertFile, c.TLSKeyFile = "0.0.0.0:8888", "tls.crt", "tls.key" }, []string{"address"}},
 		{"node policy", func(c *Config) { c.NodePolicy = "pack" }, []string{"nodePolicy"}},
 		{"empty GPU policy", func(c *Config) { c.GPUPolicy = "" }, []string{"gpuPolicy"}},
 		{"heartbeat age", func(c *Config) { c.HeartbeatMaxAge = metav1.Duration{} }, []string{"heartbeatMaxAge"}},
@@ -37,6 +42,19 @@ func TestConfigValidate(t *testing.T) {
 		{"resource name", func(c *Config) { c.ResourceName = "gpu" }, []string{"resourceName"}},
 		{"bind timeout", func(c *Config) { c.BindTimeout = metav1.Duration{Duration: time.Hour} }, []string{"bindTimeout"}},
 		{"several at once", func(c *Config) { c.NodePolicy, c.GPUPolicy = "x", "y" }, []string{"nodePolicy", "gpuPolicy"}},
+	}
+	for _, ok := range []func(*Config){
+		func(c *Config) { c.Address = "localhost:8888" },
+		func(c *Config) { c.Address = "[::1]:8888" },
+		func(c *Config) {
+			c.Address, c.TLSCertFile, c.TLSKeyFile, c.ClientCAFile, c.AllowedClientNames = ":8888", "tls.crt", "tls.key", "ca.crt", []string{"kube-scheduler"}
+		},
+	} {
+		cfg := DefaultConfig()
+		ok(&cfg)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("address %s: %v, want valid", cfg.Address, err)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -46,7 +46,7 @@ var podsResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 // env is a Scheduler on a fake clientset with real informers, served by an
 // httptest server.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	client *fake.Clientset
 	clock  *clocktesting.FakePassiveClock
 	s      *Scheduler
@@ -54,7 +54,7 @@ type env struct {
 }
 
 // newEnv starts a Scheduler with cfg over objs and waits for its informers.
-func newEnv(t *testing.T, cfg Config, objs ...runtime.Object) *env {
+func newEnv(t testing.TB, cfg Config, objs ...runtime.Object) *env {
 	t.Helper()
 	return startEnv(t, cfg, newFakeClient(objs...))
 }
@@ -67,7 +67,7 @@ func newFakeClient(objs ...runtime.Object) *fake.Clientset {
 }
 
 // startEnv starts a Scheduler on an existing clientset.
-func startEnv(t *testing.T, cfg Config, client *fake.Clientset) *env {
+func startEnv(t testing.TB, cfg Config, client *fake.Clientset) *env {
 	t.Helper()
 	e := &env{t: t, client: client, clock: clocktesting.NewFakePassiveClock(now)}
 	s, err := New(cfg, Options{Client: client, Clock: e.clock})
@@ -127,7 +127,7 @@ func emulateBinding(c *fake.Clientset) {
 }
 
 // waitFor waits up to 20 s for cond.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, 20*time.Second, true,
 		func(context.Context) (bool, error) { return cond(), nil })
@@ -147,7 +147,7 @@ func (e *env) post(path string, v, out any) (int, string) {
 	return postRaw(e.t, e.srv.URL+path, "application/json", body, out)
 }
 
-func postRaw(t *testing.T, url, contentType string, body []byte, out any) (int, string) {
+func postRaw(t testing.TB, url, contentType string, body []byte, out any) (int, string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/gorilla/mux"
 
@@ -25,7 +26,8 @@ import (
 // Content-Type, or without the arguments kube-scheduler always sends gets
 // 400 with a plain-text message; a body above MaxRequestBytes gets 413; a
 // wrong method gets 405. With Config.ClientCAFile, the three POST endpoints
-// answer 403 to callers without a verified client certificate; the probes
+// answer 403 to callers without a verified client certificate whose subject
+// is in Config.AllowedClientNames; the probes
 // and /metrics stay open. Every answer of the three POST endpoints, 4xx
 // included, is counted and timed in the metrics.
 func (s *Scheduler) Handler() http.Handler {
@@ -57,15 +59,26 @@ func (s *Scheduler) healthRoutes(r *mux.Router) {
 	})
 }
 
-// authorized lets a request through when Config.ClientCAFile is unset, or
-// when the caller presented a client certificate that verified against it.
+// authorized lets a request through when Config.ClientCAFile is unset (the
+// listener is then on loopback: Config.Validate), or when the caller
+// presented a client certificate that verified against it and whose subject
+// common name or a DNS name is in Config.AllowedClientNames.
 func (s *Scheduler) authorized(next http.Handler) http.Handler {
 	if s.cfg.ClientCAFile == "" {
 		return next
 	}
+	allowed := make(map[string]bool, len(s.cfg.AllowedClientNames))
+	for _, n := range s.cfg.AllowedClientNames {
+		allowed[n] = true
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			probe.Text(w, http.StatusForbidden, "a client certificate signed by the configured clientCAFile is required")
+			return
+		}
+		leaf := r.TLS.VerifiedChains[0][0]
+		if !allowed[leaf.Subject.CommonName] && !slices.ContainsFunc(leaf.DNSNames, func(n string) bool { return allowed[n] }) {
+			probe.Text(w, http.StatusForbidden, fmt.Sprintf("client certificate subject %q (DNS names %v): not in allowedClientNames", leaf.Subject.CommonName, leaf.DNSNames))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -136,9 +136,9 @@ func TestServeBadCertificate(t *testing.T) {
 	}
 }
 
-// clientPair returns a CA and a client certificate it signed, as tls
-// material.
-func clientPair(t *testing.T) (caPEM []byte, client tls.Certificate) {
+// clientPair returns a CA and, per common name, a client certificate it
+// signed, as tls material.
+func clientPair(t *testing.T, commonNames ...string) (caPEM []byte, clients []tls.Certificate) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -153,40 +153,44 @@ func clientPair(t *testing.T) (caPEM []byte, client tls.Certificate) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-scheduler"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
 	caCert, err := x509.ParseCertificate(caDER)
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
+	for i, cn := range commonNames {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(int64(i) + 2), Subject: pkix.Name{CommonName: cn},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key})
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), clients
 }
 
 // TestServeClientCA checks that with clientCAFile the API endpoints
-// require a client certificate from that CA while probes stay open.
+// require a client certificate from that CA with an allowed subject, while
+// probes stay open.
 func TestServeClientCA(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
 	serverCert, serverKey := selfSigned(t)
 	writePair(t, certFile, keyFile, serverCert, serverKey, now)
-	caPEM, clientCert := clientPair(t)
+	caPEM, clients := clientPair(t, "kube-scheduler", "some-other-client")
 	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
 	cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile = certFile, keyFile, caFile
+	cfg.AllowedClientNames = []string{"kube-scheduler"}
 	addr, _ := serve(t, cfg)
 
 	pool := x509.NewCertPool()
@@ -209,7 +213,7 @@ func TestServeClientCA(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	anonymous, scheduler := clientFor(), clientFor(clientCert)
+	anonymous, scheduler, other := clientFor(), clientFor(clients[0]), clientFor(clients[1])
 	waitFor(t, "/healthz over TLS", func() bool { return status(anonymous, http.MethodGet, "/healthz") == http.StatusOK })
 	for _, tt := range []struct {
 		name   string
@@ -219,6 +223,8 @@ func TestServeClientCA(t *testing.T) {
 	}{
 		{"anonymous filter", anonymous, "/filter", http.StatusForbidden},
 		{"anonymous bind", anonymous, "/bind", http.StatusForbidden},
+		{"same CA, subject not allowed: bind", other, "/bind", http.StatusForbidden},
+		{"same CA, subject not allowed: filter", other, "/filter", http.StatusForbidden},
 		{"scheduler filter", scheduler, "/filter", http.StatusBadRequest}, // past the check: "{}" lacks a Pod
 		{"scheduler bind", scheduler, "/bind", http.StatusBadRequest},
 	} {
@@ -302,4 +308,75 @@ func serve(t *testing.T, cfg Config) (addr string, stop func() error) {
 		once.Do(halt)
 		return serveErr
 	}
+}
+
+// TestDefaultAddressRefusesOutsideCallers runs the extender on the host of
+// DefaultAddress and sends an unauthenticated /bind to one of this
+// machine's other addresses, as a caller outside the pod would: nothing
+// listens there. The same request on loopback reaches the handler.
+func TestDefaultAddressRefusesOutsideCallers(t *testing.T) {
+	host, _, err := net.SplitHostPort(DefaultAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := ""
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+			outside = ipn.IP.String()
+			break
+		}
+	}
+	if outside == "" {
+		t.Skip("this machine has no non-loopback IPv4 address to call from")
+	}
+	free, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(free.Addr().String())
+	_ = free.Close()
+
+	cfg := DefaultConfig()
+	cfg.Address = net.JoinHostPort(host, port)
+	s, err := New(cfg, Options{Client: fake.NewClientset()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	client := &http.Client{Timeout: 5 * time.Second}
+	bind := func(host string) (int, error) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+net.JoinHostPort(host, port)+"/bind", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	waitFor(t, "the extender on "+cfg.Address, func() bool {
+		code, err := bind(host)
+		return err == nil && code == http.StatusBadRequest // reached: "{}" lacks the pod
+	})
+	code, err := bind(outside)
+	if err == nil {
+		t.Fatalf("POST /bind on %s: HTTP %d; want the connection refused (DefaultAddress %s must not listen beyond loopback)", outside, code, DefaultAddress)
+	}
+	t.Logf("POST /bind on %s: %v", outside, err)
 }

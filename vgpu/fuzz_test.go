@@ -171,3 +171,48 @@ func podFromRequest(r vgpu.PodRequest) *corev1.Pod {
 	}
 	return b.Obj()
 }
+
+func FuzzParseReadyLabel(f *testing.F) {
+	for _, s := range []string{"true", "false", "", "True", "1", "true "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fuzzParse(t, s, vgpu.ParseReadyLabel, func(b bool) (string, error) { return vgpu.EncodeReadyLabel(b), nil })
+	})
+}
+
+func FuzzParsePolicy(f *testing.F) {
+	for _, s := range []string{"binpack", "spread", "fragmentation", "", "Binpack", "pack"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fuzzParse(t, s, vgpu.ParsePolicy, func(p vgpu.Policy) (string, error) { return string(p), nil })
+	})
+}
+
+// FuzzParseConstraints feeds every placement annotation at once: ParseConstraints never panics,
+// returns a zero value with an error, and reads what it accepts the same way again from the
+// annotations of the value it returned.
+func FuzzParseConstraints(f *testing.F) {
+	f.Add("A100,H100", "T4", "GPU-a, GPU-b,", "", "true", "binpack", "spread")
+	f.Add("", "", "", "GPU-x", "false", "", "fragmentation")
+	f.Add(",,,", " , ", "", "", "yes", "pack", "Spread")
+	f.Fuzz(func(t *testing.T, models, excludeModels, uuids, excludeUUIDs, numa, nodePolicy, gpuPolicy string) {
+		annotations := map[string]string{
+			vgpu.AnnotationGPUModel: models, vgpu.AnnotationGPUModelExclude: excludeModels,
+			vgpu.AnnotationGPUUUID: uuids, vgpu.AnnotationGPUUUIDExclude: excludeUUIDs,
+			vgpu.AnnotationNUMABind: numa, vgpu.AnnotationNodePolicy: nodePolicy, vgpu.AnnotationGPUPolicy: gpuPolicy,
+		}
+		got, err := vgpu.ParseConstraints(annotations)
+		if err != nil {
+			if diff := cmp.Diff(vgpu.Constraints{}, got); diff != "" {
+				t.Fatalf("ParseConstraints returned a value with error %v (-want +got):\n%s", err, diff)
+			}
+			return
+		}
+		again, err := vgpu.ParseConstraints(annotations)
+		if err != nil || !cmp.Equal(got, again) {
+			t.Fatalf("ParseConstraints is not deterministic: %+v then %+v (%v)", got, again, err)
+		}
+	})
+}

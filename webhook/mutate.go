@@ -47,7 +47,9 @@ type Result struct {
 //     not: only the scheduler extender writes it, at bind;
 //   - a pod with no hami.io/* resource in any container or init container
 //     is allowed and skipped;
-//   - a GPU pod is denied for invalid placement annotations
+//   - a GPU pod is denied when spec.nodeName is set (it would bypass the
+//     scheduler, so no allocation would ever be written for it), for
+//     invalid placement annotations
 //     (vgpu.ConstraintsFromPod), hami.io/* resources that vgpu does not know,
 //     GPU resources in a regular (non-restartable) init container, and any
 //     error of vgpu.RequestFromPod on the pod with the defaults below
@@ -88,6 +90,10 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 			return deny(problems)
 		}
 		return Result{Allowed: true, Skipped: true}
+	}
+	if pod.Spec.NodeName != "" {
+		problems = append(problems, fmt.Errorf("spec.nodeName=%q: must be empty for a pod that asks for hami.io resources: only the gpuslice scheduler gives a pod its GPU slice, "+
+			"when it binds it; to pick the node, use a nodeSelector on kubernetes.io/hostname or node affinity", shorten(pod.Spec.NodeName)))
 	}
 	if _, err := vgpu.ConstraintsFromPod(pod); err != nil {
 		problems = append(problems, flatten(err)...)

@@ -162,6 +162,14 @@ func TestMutate(t *testing.T) {
 		pod:  admitted(vgputest.Pod("p").InitContainer("warmup").MemoryMiB(2048).Container("main").GPU(1).Obj(), std),
 		want: denied(`init container "warmup": hami.io/gpumem=2048: a regular init container cannot get a GPU slice, as gpuslice cannot hand it its own slice exactly; make it a sidecar (an init container with restartPolicy: Always) or do the GPU work in an app container`),
 	}, {
+		name: "spec.nodeName preset: the scheduler is bypassed",
+		pod:  admitted(vgputest.Pod("p").NodeName("node-1").GPU(1).Obj(), std),
+		want: denied(`spec.nodeName="node-1": must be empty for a pod that asks for hami.io resources: only the gpuslice scheduler gives a pod its GPU slice, when it binds it; to pick the node, use a nodeSelector on kubernetes.io/hostname or node affinity`),
+	}, {
+		name: "spec.nodeName preset on a pod without GPUs: skipped",
+		pod:  admitted(vgputest.Pod("p").NodeName("node-1").Container("main").Obj(), std),
+		want: webhook.Result{Allowed: true, Skipped: true},
+	}, {
 		name: "cores out of range",
 		pod:  admitted(vgputest.Pod("p").Cores(150).Obj(), std),
 		want: denied(`container "main": hami.io/gpucores=150: must be an integer from 1 to 100`),

@@ -79,11 +79,20 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	klog.InitFlags(fs)
 	configFile := fs.String("config", "", "YAML or JSON file with the extender configuration; flags given on the command line override it")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: in-cluster)")
-	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port to serve on")
+	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port to serve on; beyond loopback only with --client-ca-file and --allowed-client-names")
 	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "optional second host:port serving only /healthz, /readyz and /metrics over plain HTTP, for probes and scraping")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "PEM serving certificate; serves HTTPS when set and re-reads it when it changes")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file")
-	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", cfg.ClientCAFile, "PEM CA bundle; when set, /filter, /prioritize and /bind require a client certificate it signed (needs --tls-cert-file)")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", cfg.ClientCAFile, "PEM CA bundle; when set, /filter, /prioritize and /bind require a client certificate it signed whose subject is in --allowed-client-names (needs --tls-cert-file)")
+	fs.Func("allowed-client-names", "comma-separated client certificate subjects (common name or DNS name) that may call the API; required with --client-ca-file", func(v string) error {
+		cfg.AllowedClientNames = nil
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				cfg.AllowedClientNames = append(cfg.AllowedClientNames, n)
+			}
+		}
+		return nil
+	})
 	fs.StringVar((*string)(&cfg.NodePolicy), "node-policy", string(cfg.NodePolicy), "default node policy: binpack, spread or fragmentation")
 	fs.StringVar((*string)(&cfg.GPUPolicy), "gpu-policy", string(cfg.GPUPolicy), "default GPU policy: binpack, spread or fragmentation")
 	fs.DurationVar(&cfg.HeartbeatMaxAge.Duration, "heartbeat-max-age", cfg.HeartbeatMaxAge.Duration, "oldest device-plugin heartbeat Lease renewal that still counts as alive")

@@ -113,8 +113,22 @@ type Backend struct {
 	mu sync.Mutex
 	// known is the last record GPUs read successfully, by NVML index.
 	known map[int]vgpu.GPU
-	// faults holds the unhealthy GPUs, by UUID, with the reason.
-	faults map[string]string
+	// faults holds the unhealthy GPUs, by UUID.
+	faults map[string]fault
+}
+
+// fault is why a GPU is unhealthy.
+type fault struct {
+	// reason is the latest fault, as the health event says it.
+	reason string
+	// resetRequired says an XID whose action is a reset or a reboot
+	// (ResetRequired) hit the GPU: answering NVML is not enough to bring it
+	// back.
+	resetRequired bool
+	// downSeen says NVML has, since then, reported a recovery action
+	// pending for the GPU or lost it: it went down for its recovery, and
+	// counts as reset once it answers again with no action pending.
+	downSeen bool
 }
 
 // Open starts NVML and returns a Backend over it. When Init fails, Open
@@ -136,7 +150,7 @@ func Open(opts Options) (*Backend, error) {
 		clock:     opts.Clock,
 		logger:    opts.Logger,
 		known:     map[int]vgpu.GPU{},
-		faults:    map[string]string{},
+		faults:    map[string]fault{},
 	}
 	b.closing, b.cancel = context.WithCancel(context.Background())
 	if ext := opts.Library.Extensions(); ext != nil {

@@ -1,6 +1,7 @@
 package nvidia
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -34,7 +35,8 @@ type nvmlInterface = nvml.Interface
 // the GPUs sits on NUMA node 0, the rest on node 1.
 //
 // The methods the Backend uses (device count and handles; a device's UUID,
-// index, minor, name, memory, PCI info, NUMA node and events; event sets)
+// index, minor, name, memory, PCI info, NUMA node, events and recovery
+// action field; event sets)
 // are modelled here, answer ERROR_GPU_IS_LOST for a lost GPU, and keep no
 // call history, so a long-running fake does not grow. Other methods are
 // go-nvml's mock server's (those it leaves unset panic). A Fake is safe for
@@ -48,7 +50,12 @@ type Fake struct {
 	lost []bool
 	// noEvents marks GPUs that report no event support.
 	noEvents []bool
-	sets     map[*fakeEventSet]struct{}
+	// recovery is each GPU's NVML recovery action, set by the XIDs that
+	// need a reset or a reboot and cleared by ResetGPU.
+	recovery []nvml.DeviceGpuRecoveryAction
+	// noRecovery marks GPUs whose driver cannot report the recovery action.
+	noRecovery []bool
+	sets       map[*fakeEventSet]struct{}
 }
 
 var _ nvml.Interface = (*Fake)(nil)
@@ -69,6 +76,8 @@ func NewFake(spec, nodeName string) (*Fake, error) {
 		devices:       make([]*fakeDevice, len(srv.Devices)),
 		lost:          make([]bool, len(srv.Devices)),
 		noEvents:      make([]bool, len(srv.Devices)),
+		recovery:      make([]nvml.DeviceGpuRecoveryAction, len(srv.Devices)),
+		noRecovery:    make([]bool, len(srv.Devices)),
 		sets:          map[*fakeEventSet]struct{}{},
 	}
 	n := len(srv.Devices)
@@ -95,14 +104,22 @@ func NoDriver() nvml.Interface {
 }
 
 // InjectXID delivers an XID event for the GPU at index to every event set
-// registered for XIDs on it, as the driver would. It returns ErrNotWatched
-// when there is none (the event is dropped), and an error for an index out
-// of range.
+// registered for XIDs on it, as the driver would. An XID that needs a GPU
+// reset or a reboot (ClassifyXID: ResetRequired) first sets the GPU's
+// recovery action, as the driver does, until ResetGPU; the XID is then
+// recorded even when nobody watches. It returns ErrNotWatched when no set
+// listens (the event is dropped), and an error for an index out of range.
 func (f *Fake) InjectXID(index int, xid uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.checkIndex(index); err != nil {
 		return err
+	}
+	if class := ClassifyXID(xid); class.Kind == ResetRequired {
+		f.recovery[index] = nvml.GPU_RECOVERY_ACTION_GPU_RESET
+		if class.Reboot {
+			f.recovery[index] = nvml.GPU_RECOVERY_ACTION_NODE_REBOOT
+		}
 	}
 	e := nvml.EventData{
 		Device:            f.devices[index],
@@ -149,6 +166,42 @@ func (f *Fake) SetLost(index int, lost bool) error {
 		return err
 	}
 	f.lost[index] = lost
+	return nil
+}
+
+// ResetGPU resets the GPU at index, as nvidia-smi --gpu-reset or a reboot
+// would: it answers NVML again and its recovery action is none.
+func (f *Fake) ResetGPU(index int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.checkIndex(index); err != nil {
+		return err
+	}
+	f.lost[index] = false
+	f.recovery[index] = nvml.GPU_RECOVERY_ACTION_NONE
+	return nil
+}
+
+// RecoveryAction returns the recovery action NVML reports for the GPU at
+// index (an out-of-range index reports none).
+func (f *Fake) RecoveryAction(index int) nvml.DeviceGpuRecoveryAction {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.checkIndex(index) != nil {
+		return nvml.GPU_RECOVERY_ACTION_NONE
+	}
+	return f.recovery[index]
+}
+
+// SetRecoveryActionUnsupported makes the GPU at index answer the recovery
+// action field with ERROR_NOT_SUPPORTED, like drivers older than the field.
+func (f *Fake) SetRecoveryActionUnsupported(index int, unsupported bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.checkIndex(index); err != nil {
+		return err
+	}
+	f.noRecovery[index] = unsupported
 	return nil
 }
 
@@ -311,6 +364,31 @@ func (d *fakeDevice) GetSupportedEventTypes() (uint64, nvml.Return) {
 		return 0, nvml.ERROR_NOT_SUPPORTED
 	}
 	return fakeEventTypes, nvml.SUCCESS
+}
+
+// GetFieldValues answers nvml.FI_DEV_GET_GPU_RECOVERY_ACTION (an unsigned
+// int); any other field is ERROR_NOT_SUPPORTED in its NvmlReturn.
+func (d *fakeDevice) GetFieldValues(values []nvml.FieldValue) nvml.Return {
+	if len(values) == 0 {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	d.fake.mu.Lock()
+	defer d.fake.mu.Unlock()
+	if d.fake.lost[d.index] {
+		return nvml.ERROR_GPU_IS_LOST
+	}
+	for i := range values {
+		v := &values[i]
+		if v.FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION || d.fake.noRecovery[d.index] {
+			v.NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			continue
+		}
+		v.NvmlReturn = uint32(nvml.SUCCESS)
+		v.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+		v.Value = [8]byte{}
+		binary.LittleEndian.PutUint32(v.Value[:4], uint32(d.fake.recovery[d.index])) //nolint:gosec // G115: a small enum
+	}
+	return nvml.SUCCESS
 }
 
 func (d *fakeDevice) RegisterEvents(eventTypes uint64, set nvml.EventSet) nvml.Return {

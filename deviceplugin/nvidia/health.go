@@ -19,12 +19,18 @@ import (
 // ErrClosed when Close ends it, and an error when NVML cannot watch at all.
 // It never closes events.
 //
-// A device-fault XID (ClassifyXID) marks its GPU Unhealthy. CoolDown later
-// the GPU is probed (its handle is looked up by UUID and its memory read);
-// when NVML answers it turns Healthy again, otherwise it is probed again
-// after another CoolDown. A further device fault while unhealthy restarts
-// the CoolDown. GPUs that cannot report events, or whose registration for
-// them fails while they answer NVML, are logged and left healthy.
+// An application-fault XID (ClassifyXID) is logged; the GPU stays healthy.
+// A device-fault or reset-required XID marks its GPU Unhealthy. CoolDown
+// later the GPU is probed (its handle is looked up by UUID and its memory
+// read); when NVML answers a device-fault GPU turns Healthy again,
+// otherwise it is probed again after another CoolDown. A reset-required GPU
+// must also show that it was reset: NVML's GPU recovery action
+// (nvml.FI_DEV_GET_GPU_RECOVERY_ACTION, read at the fault and at each
+// probe) must have been seen pending and then read "none". Where NVML
+// cannot report it, the GPU stays unhealthy until the plugin starts again.
+// A further fault while unhealthy restarts the CoolDown. GPUs that cannot
+// report events, or whose registration for them fails while they answer
+// NVML, are logged and left healthy.
 //
 // Health outlives the call: GPUs reports it, and a later WatchHealth goes on
 // probing GPUs left unhealthy. At most one WatchHealth runs at a time
@@ -279,12 +285,27 @@ func (w *watcher) onEvent(e nvml.EventData) {
 	}
 	reason := fmt.Sprintf("XID %d: %s", xid, class.Description)
 	if d == nil {
-		w.logger.Info("Device-fault XID on an unidentified GPU; marking every GPU unhealthy until probed", "xid", xid, "description", class.Description)
+		// Taking every GPU out until a reset would turn one fault into a
+		// node outage: the probes sort them out.
+		w.logger.Info("Device-fault XID on an unidentified GPU; marking every GPU unhealthy until probed", "xid", xid, "description", class.Description, "action", class.Action)
 		w.markAll(reason + " (GPU not identified)")
+		return
+	}
+	if class.Kind == ResetRequired {
+		w.logger.Info("XID needs a GPU reset or a reboot; GPU unhealthy until NVML shows it was reset", "gpu", uuid, "xid", xid, "description", class.Description, "action", class.Action)
+		w.markFault(d, reason+" (needs "+resetWord(class)+")", true)
 		return
 	}
 	w.logger.Info("Device-fault XID; GPU unhealthy until it answers a probe", "gpu", uuid, "xid", xid, "description", class.Description, "coolDown", w.b.coolDown)
 	w.markUnhealthy(d, reason)
+}
+
+// resetWord names the recovery an XID of class needs.
+func resetWord(class XIDClass) string {
+	if class.Reboot {
+		return "a reboot"
+	}
+	return "a GPU reset"
 }
 
 // identify finds the watched GPU an event came from: by the UUID NVML gives
@@ -315,13 +336,25 @@ func (w *watcher) markAll(reason string) {
 	}
 }
 
-// markUnhealthy records a fault on d, sends an event if d was healthy, and
-// (re)starts its CoolDown.
+// markUnhealthy records a recoverable fault on d (markFault).
 func (w *watcher) markUnhealthy(d *watchedDevice, reason string) {
+	w.markFault(d, reason, false)
+}
+
+// markFault records a fault on d, sends an event if d was healthy, and
+// (re)starts its CoolDown. A reset-required fault stays so until the probe
+// sees the reset, whatever comes after it; its GPU's recovery action is
+// read at once, as the driver sets it with the XID.
+func (w *watcher) markFault(d *watchedDevice, reason string, resetRequired bool) {
 	w.b.mu.Lock()
-	_, wasFaulty := w.b.faults[d.uuid]
-	w.b.faults[d.uuid] = reason
+	old, wasFaulty := w.b.faults[d.uuid]
+	f := fault{reason: reason, resetRequired: resetRequired || old.resetRequired, downSeen: old.downSeen && old.resetRequired}
+	w.b.faults[d.uuid] = f
 	w.b.mu.Unlock()
+	if f.resetRequired && d.handle != nil {
+		// A driver without the field is told apart at the probe.
+		_, _ = w.readRecoveryAction(d, d.handle)
+	}
 	// Schedule before sending, so that a receiver of the event finds the
 	// probe timer already set on the clock.
 	w.schedule(d)
@@ -330,7 +363,8 @@ func (w *watcher) markUnhealthy(d *watchedDevice, reason string) {
 	}
 }
 
-// probeDevice checks whether an unhealthy GPU answers NVML again.
+// probeDevice checks whether an unhealthy GPU answers NVML again (and, for
+// a reset-required fault, was reset).
 func (w *watcher) probeDevice(d *watchedDevice) {
 	err := w.probe(d)
 	if err != nil {
@@ -340,20 +374,29 @@ func (w *watcher) probeDevice(d *watchedDevice) {
 	}
 	d.probe = nil
 	w.b.mu.Lock()
-	reason := w.b.faults[d.uuid]
+	f := w.b.faults[d.uuid]
 	delete(w.b.faults, d.uuid)
 	w.b.mu.Unlock()
-	w.logger.Info("GPU answers NVML again; healthy", "gpu", d.uuid, "after", reason)
-	w.send(vgpu.HealthEvent{UUID: d.uuid, Health: vgpu.Healthy, Reason: "GPU answers NVML again after " + reason})
+	how := "GPU answers NVML again after "
+	if f.resetRequired {
+		how = "GPU was reset after "
+	}
+	w.logger.Info("GPU healthy again", "gpu", d.uuid, "after", f.reason, "reset", f.resetRequired)
+	w.send(vgpu.HealthEvent{UUID: d.uuid, Health: vgpu.Healthy, Reason: how + f.reason})
 }
 
 func (w *watcher) probe(d *watchedDevice) error {
 	dev, ret := w.b.lib.DeviceGetHandleByUUID(d.uuid)
 	if ret != nvml.SUCCESS {
+		w.sawDown(d)
 		return fmt.Errorf("GPU %d: NVML get handle by UUID: %w", d.index, ret)
 	}
 	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS {
+		w.sawDown(d)
 		return fmt.Errorf("GPU %d: NVML get memory info: %w", d.index, ret)
+	}
+	if err := w.checkReset(d, dev); err != nil {
+		return err
 	}
 	d.handle = dev
 	if !d.registered {

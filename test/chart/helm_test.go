@@ -74,20 +74,34 @@ func (h helm) run(args ...string) ([]byte, error) {
 	return stdout.Bytes(), nil
 }
 
-// template renders the chart with the values file (none when empty).
+// webhookTLSValues gives the webhook a certificate made once: helm template and helm lint have no
+// cluster to read, so the chart makes none itself there (it fails instead).
+const webhookTLSValues = "testdata/webhook-tls.yaml"
+
+// template renders the chart with webhookTLSValues, then the values file (none when empty).
 func (h helm) template(valuesFile string) ([]byte, error) {
-	args := []string{"template", releaseName, filepath.FromSlash(chartDir), "--namespace", releaseNamespace, "--kube-version", kubeVersion}
-	if valuesFile != "" {
-		args = append(args, "-f", valuesFile)
-	}
-	return h.run(args...)
+	return h.templateWith(webhookTLSValues, valuesFile)
 }
 
-// lint runs helm lint --strict on the chart with the values file (none when empty).
+// templateWith renders the chart with the values files, in order, skipping empty names.
+func (h helm) templateWith(valuesFiles ...string) ([]byte, error) {
+	args := []string{"template", releaseName, filepath.FromSlash(chartDir), "--namespace", releaseNamespace, "--kube-version", kubeVersion}
+	return h.run(withValues(args, valuesFiles...)...)
+}
+
+// lint runs helm lint --strict on the chart with webhookTLSValues, then the values file (none
+// when empty).
 func (h helm) lint(valuesFile string) ([]byte, error) {
 	args := []string{"lint", "--strict", filepath.FromSlash(chartDir), "--namespace", releaseNamespace, "--kube-version", kubeVersion}
-	if valuesFile != "" {
-		args = append(args, "-f", valuesFile)
+	return h.run(withValues(args, webhookTLSValues, valuesFile)...)
+}
+
+// withValues appends -f for each non-empty file name.
+func withValues(args []string, files ...string) []string {
+	for _, f := range files {
+		if f != "" {
+			args = append(args, "-f", filepath.FromSlash(f))
+		}
 	}
-	return h.run(args...)
+	return args
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -12,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/gpuslice/gpuslice/webhook"
 )
 
 // clusterScoped are the cluster-scoped kinds the chart renders.
@@ -214,7 +217,7 @@ func declaresPort(pod corev1.PodSpec, name string) bool {
 }
 
 // checkWebhookConfigurations checks every mutating webhook: it never sees kube-system or the
-// release namespace, calls a rendered Service on a port it exposes, has no side effects, a
+// release namespace, is sent only the pods webhook.MatchConditions selects, calls a rendered Service on a port it exposes, has no side effects, a
 // timeout the API server accepts, and a CA (a caBundle, or cert-manager's injection).
 func checkWebhookConfigurations(t *testing.T, r rendered) {
 	for _, mwc := range all[*admissionregistrationv1.MutatingWebhookConfiguration](r) {
@@ -226,6 +229,9 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 				if !slices.Contains(excluded, ns) {
 					t.Errorf("%s: namespaceSelector does not exclude %s (excluded: %v)", ref, ns, excluded)
 				}
+			}
+			if diff := cmp.Diff(webhook.MatchConditions(), wh.MatchConditions); diff != "" {
+				t.Errorf("%s: matchConditions differ from webhook.MatchConditions (-want +got):\n%s", ref, diff)
 			}
 			if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
 				t.Errorf("%s: sideEffects %v, want None", ref, wh.SideEffects)

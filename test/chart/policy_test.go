@@ -56,15 +56,15 @@ func startPolicyEnv(t *testing.T, h helm) *policyEnv {
 	e := &policyEnv{admin: kubernetes.NewForConfigOrDie(s.Config()), extender: kubernetes.NewForConfigOrDie(impersonated)}
 	ctx := policyCtx(t)
 
-	policies := all[*admissionregistrationv1.ValidatingAdmissionPolicy](r)
-	bindings := all[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r)
-	if len(policies) != 1 || len(bindings) != 1 {
-		t.Fatalf("the chart renders %d ValidatingAdmissionPolicies and %d bindings, want 1 and 1", len(policies), len(bindings))
+	policy, ok := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicy](r, "ValidatingAdmissionPolicy", "", releaseName+"-allocation")
+	policyBinding, ok2 := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r, "ValidatingAdmissionPolicyBinding", "", releaseName+"-allocation")
+	if !ok || !ok2 {
+		t.Fatal("the chart renders no ValidatingAdmissionPolicy and binding " + releaseName + "-allocation")
 	}
-	if _, err := e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policies[0], metav1.CreateOptions{}); err != nil {
+	if _, err := e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the chart's ValidatingAdmissionPolicy: %v", err)
 	}
-	if _, err := e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, bindings[0], metav1.CreateOptions{}); err != nil {
+	if _, err := e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, policyBinding, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the chart's ValidatingAdmissionPolicyBinding: %v", err)
 	}
 	role, ok := findTyped[*rbacv1.ClusterRole](r, "ClusterRole", "", releaseName+"-scheduler-extender")
@@ -222,6 +222,18 @@ func TestAllocationPolicy(t *testing.T) {
 	}
 	if err := patch(e.admin, `{"example.com/note":"fine"}`); err != nil {
 		t.Errorf("the admin setting another annotation: %v, want it allowed", err)
+	}
+	// The extender may patch every pod (RBAC), for its retry annotation only.
+	if err := patch(e.extender, `{"gpuslice.io/scheduler-retry":"2026-01-01T00:00:00Z"}`); err != nil {
+		t.Errorf("the extender setting its retry annotation: %v, want it allowed", err)
+	}
+	const extenderDenial = "the gpuslice scheduler extender may change only the gpuslice.io/scheduler-retry and hami.io/gpu-allocation annotations of a pod"
+	if err := patch(e.extender, `{"example.com/note":"changed"}`); err == nil || !strings.Contains(err.Error(), extenderDenial) {
+		t.Errorf("the extender changing another annotation: %v, want the policy's denial", err)
+	}
+	body := []byte(`{"metadata":{"labels":{"app":"x"}}}`)
+	if _, err := e.extender.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, body, metav1.PatchOptions{}); err == nil || !strings.Contains(err.Error(), extenderDenial) {
+		t.Errorf("the extender setting a label: %v, want the policy's denial", err)
 	}
 }
 

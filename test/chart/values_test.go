@@ -122,8 +122,16 @@ func TestChartRejectsBadValues(t *testing.T) {
 		want:   []string{"/allocationPolicy/enabled", "got string, want boolean"},
 	}, {
 		name:   "issuerRef without name",
-		values: "webhook: {certManager: {enabled: true, issuerRef: {kind: ClusterIssuer}}}",
+		values: "webhook: {tls: {cert: \"\", key: \"\", caCert: \"\"}, certManager: {enabled: true, issuerRef: {kind: ClusterIssuer}}}",
 		want:   []string{"webhook.certManager.issuerRef.name: required when issuerRef is set"},
+	}, {
+		name:   "webhook certificate in part",
+		values: "webhook: {tls: {key: \"\"}}",
+		want:   []string{"webhook.tls: set caCert, cert and key together"},
+	}, {
+		name:   "webhook certificate and cert-manager",
+		values: "webhook: {certManager: {enabled: true}}",
+		want:   []string{"webhook.tls and webhook.certManager.enabled=true: choose one"},
 	}, {
 		name:   "unknown pullPolicy",
 		values: "image: {pullPolicy: Sometimes}",

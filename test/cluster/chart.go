@@ -308,9 +308,33 @@ func pathRewriter(maps []mapping) func(string) string {
 // serviceAccountKubeconfig writes a kubeconfig for ServiceAccount sa of the release namespace,
 // with a token from the TokenRequest API, to path.
 func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, ns, sa, path string) error {
+	return c.tokenKubeconfig(ctx, ns, sa, nil, path)
+}
+
+// podBoundKubeconfig writes a kubeconfig for ServiceAccount sa of namespace ns whose token is
+// bound to a pod on node, as a DaemonSet pod's projected token is: such a token carries the
+// node-name claim the chart's node policy checks. Without a DaemonSet controller there is no
+// such pod, so a pause pod named name stands in for it on that node (it runs there like any pod).
+func (c *Cluster) podBoundKubeconfig(ctx context.Context, ns, sa, node, name, path string) error {
+	pod, err := c.client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"gpuslice.io/token-holder": "true"}},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: sa, NodeName: node, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("pod holding the token of %s/%s on node %s: %w", ns, sa, node, err)
+	}
+	return c.tokenKubeconfig(ctx, ns, sa, &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}, path)
+}
+
+// tokenKubeconfig writes a kubeconfig for ServiceAccount sa of namespace ns, with a token from
+// the TokenRequest API bound to bound (nil: to nothing), to path.
+func (c *Cluster) tokenKubeconfig(ctx context.Context, ns, sa string, bound *authenticationv1.BoundObjectReference, path string) error {
 	expiry := int64(24 * 3600)
 	tok, err := c.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry, BoundObjectRef: bound},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("token for ServiceAccount %s/%s: %w", ns, sa, err)
@@ -516,7 +540,7 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}
 	kc := filepath.Join(root, "kubeconfig")
-	if err := c.serviceAccountKubeconfig(ctx, r.opts.Namespace, spec.ServiceAccountName, kc); err != nil {
+	if err := c.podBoundKubeconfig(ctx, r.opts.Namespace, spec.ServiceAccountName, n.Name, ds.Name+"-"+n.Name, kc); err != nil {
 		return err
 	}
 	health, err := freePort()

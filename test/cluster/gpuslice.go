@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/webhook"
 )
 
 // Names of the gpuslice control-plane parts the cluster runs.
@@ -243,8 +244,8 @@ func (c *Cluster) waitWebhookCalled(ctx context.Context, p *Process, what string
 	})
 }
 
-// webhookConfig is the MutatingWebhookConfiguration that sends pod creations outside kube-system to
-// url.
+// webhookConfig is the MutatingWebhookConfiguration that sends the creations of pods outside
+// kube-system that ask for hami.io resources or carry hami.io annotations to url.
 func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
 	fail := admissionregistrationv1.Fail
 	none := admissionregistrationv1.SideEffectClassNone
@@ -265,6 +266,7 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{metav1.NamespaceSystem},
 			}}},
+			MatchConditions: webhook.MatchConditions(),
 		}},
 	}
 }

@@ -156,7 +156,7 @@ func TestRegisterBeforeServeFails(t *testing.T) {
 
 // Scenario 2: an XID device fault takes one GPU's devices out of
 // allocatable (capacity stays); an application XID does not; the GPU comes
-// back after the cool-down once NVML answers again.
+// back after the cool-down once it was reset.
 func TestHealth(t *testing.T) {
 	t.Parallel()
 	_, m, p := startRegistered(t)
@@ -178,11 +178,13 @@ func TestHealth(t *testing.T) {
 		t.Fatalf("after XID 13 on GPU 1 and XID 79 on GPU 0: %v", err)
 	}
 
-	if err := p.fake.SetLost(0, false); err != nil {
+	// XID 79 needs a reboot: the GPU comes back once it was reset, not as
+	// soon as it answers.
+	if err := p.fake.ResetGPU(0); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.WaitResource(waitCtx(t, waitLong), resourceName, all, all); err != nil {
-		t.Fatalf("after GPU 0 answers again: %v", err)
+		t.Fatalf("after GPU 0 was reset: %v", err)
 	}
 }
 

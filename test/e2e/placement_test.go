@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -223,9 +224,9 @@ func TestRestartsDuringBurst(t *testing.T) {
 
 // TestForgedAndGarbageInput is proof 6: a pod that sets its own allocation annotation is rejected
 // by the API server (through the webhook), and garbage sent to every extender and webhook endpoint
-// gets a 4xx answer, not a crash.
+// gets a 4xx answer, not a crash. Then, with the webhook stopped, only GPU pods are refused.
 func TestForgedAndGarbageInput(t *testing.T) {
-	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "1xA100-80GB"})
+	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: "2xA100-80GB"})
 	ctx := context.Background()
 	forged := slicePod("forged", 1024, 0)
 	forged.Annotations = map[string]string{vgpu.AnnotationPodAllocation: `{"version":"v1","node":"node-1","containers":[{"name":"main","gpus":[{"uuid":"GPU-x","memoryMiB":81920}]}]}`}
@@ -267,6 +268,106 @@ func TestForgedAndGarbageInput(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("GET %s after garbage: HTTP %d", url, resp.StatusCode)
 		}
+	}
+	checkRecreatedSameName(ctx, t, c)
+	checkBypassingPod(ctx, t, c)
+	checkWebhookDown(ctx, t, c)
+}
+
+// checkRecreatedSameName plays a StatefulSet recreating web-0 on the same node: it deletes the
+// pod, waits until the API server has removed it (as the StatefulSet controller does) and creates
+// it again at once, alternately on each GPU (a 50 GiB pod fills most of GPU 0, so a 30 GiB web-0
+// fits there and a 40 GiB one only on GPU 1). The plugin knows the new container only by
+// namespace and name while its view may still show the old pod; every incarnation must run with
+// its own allocation, never the one before it.
+func checkRecreatedSameName(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	if _, err := pods.Create(ctx, slicePod("fill", 50*1024, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunningOn(t, c, "fill", "node-1")
+	var gpus []string
+	for i, memMiB := range []int64{30 * 1024, 40 * 1024, 30 * 1024, 40 * 1024} {
+		if i > 0 {
+			if err := pods.Delete(ctx, "web-0", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			poll(t, time.Minute, "web-0 removed", func(ctx context.Context) (bool, string) {
+				_, err := pods.Get(ctx, "web-0", metav1.GetOptions{})
+				return apierrors.IsNotFound(err), fmt.Sprint(err)
+			})
+		}
+		if _, err := pods.Create(ctx, slicePod("web-0", memMiB, 0), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p := waitRunningOn(t, c, "web-0", "node-1")
+		if bad := checkExact(t, c, []corev1.Pod{*p}); len(bad) > 0 {
+			t.Errorf("web-0 incarnation %d (%d MiB) did not get its own slice:\n%s", i+1, memMiB, strings.Join(bad, "\n"))
+		}
+		alloc, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
+		if err == nil && len(alloc.Containers) == 1 && len(alloc.Containers[0].GPUs) == 1 {
+			gpus = append(gpus, alloc.Containers[0].GPUs[0].UUID)
+		}
+	}
+	if len(gpus) == 4 && (gpus[0] == gpus[1] || gpus[0] != gpus[2]) {
+		t.Errorf("web-0's GPUs by incarnation = %v, want them to alternate", gpus)
+	}
+	for _, name := range []string{"web-0", "fill"} {
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkBypassingPod creates GPU pods with spec.nodeName set, which the scheduler never sees and
+// so never get an allocation: the webhook rejects one, and one created where the webhook is not
+// called (kube-system) is rejected by the kubelet at admission, because the plugin's Allocate
+// refuses its devices, and ends Failed with the reason; a pod bound by the scheduler then runs.
+func checkBypassingPod(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	bypass := gpuPod("bypass", 1)
+	bypass.Spec.NodeName = "node-1"
+	_, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, bypass, metav1.CreateOptions{})
+	if want := `spec.nodeName="node-1": must be empty for a pod that asks for hami.io resources`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("create a GPU pod with spec.nodeName set: err = %v, want a denial containing %q", err, want)
+	}
+	bypass.Namespace = metav1.NamespaceSystem
+	system := c.Client().CoreV1().Pods(metav1.NamespaceSystem)
+	if _, err := system.Create(ctx, bypass, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create a GPU pod with spec.nodeName set in %s: %v", metav1.NamespaceSystem, err)
+	}
+	const want = "a pod created with spec.nodeName set bypasses it"
+	poll(t, time.Minute, "the bypassing pod Failed at admission", func(ctx context.Context) (bool, string) {
+		p, err := system.Get(ctx, bypass.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodFailed && strings.Contains(p.Status.Message, want), fmt.Sprintf("phase %s reason %q message %q", p.Status.Phase, p.Status.Reason, p.Status.Message)
+	})
+	if _, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, slicePod("after-bypass", 1024, 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunningOn(t, c, "after-bypass", "node-1")
+}
+
+// checkWebhookDown stops the webhook: a pod that asks for no hami.io resource and carries no
+// hami.io annotation is still created (the webhook's matchConditions keep it away), while a GPU
+// pod is refused (failurePolicy Fail) with a message that names the webhook.
+func checkWebhookDown(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	if err := c.StopWebhook(); err != nil {
+		t.Fatal(err)
+	}
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	plain := slicePod("plain-webhook-down", 1024, 0)
+	plain.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	if _, err := pods.Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create a plain pod with the webhook down: %v, want it created", err)
+	}
+	_, err := pods.Create(ctx, slicePod("gpu-webhook-down", 1024, 0), metav1.CreateOptions{})
+	if want := `failed calling webhook "pods.gpuslice.io"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("create a GPU pod with the webhook down: err = %v, want a refusal containing %q", err, want)
 	}
 }
 

@@ -41,7 +41,9 @@ func RenderChart(ctx context.Context, helm, chartDir string, set ...string) (Cha
 		return ChartProfile{}, fmt.Errorf("helm folder: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(home) }()
-	args := []string{"template", "gpuslice", chartDir, "--namespace", "gpuslice-system", "--kube-version", chartKubeVersion}
+	// Only the scheduler's files are read; the webhook would need a certificate made once, as
+	// helm template has no cluster to keep a generated one in.
+	args := []string{"template", "gpuslice", chartDir, "--namespace", "gpuslice-system", "--kube-version", chartKubeVersion, "--set", "webhook.enabled=false"}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -23,6 +25,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/test/harness/apiserver"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -125,6 +128,7 @@ func webhookConfiguration(addr string, caBundle []byte) *admissionregistrationv1
 			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{metav1.NamespaceSystem},
 			}}},
+			MatchConditions:         webhook.MatchConditions(),
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
 			AdmissionReviewVersions: []string{"v1"},
@@ -268,6 +272,10 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("only pods with hami.io resources or annotations are sent", func(t *testing.T) {
+		testMatchConditions(t, e)
+	})
+
 	t.Run("kube-system is excluded by the namespaceSelector", func(t *testing.T) {
 		pod := gpuPod("system")
 		pod.Namespace = metav1.NamespaceSystem
@@ -323,6 +331,47 @@ func TestWebhookThroughAPIServer(t *testing.T) {
 	t.Run("serving certificate rotated while the API server calls", func(t *testing.T) {
 		testRotation(t, e)
 	})
+}
+
+// testMatchConditions creates pods through the API server and reads, from
+// the webhook's own metrics, which of them it was asked about: the
+// configuration's matchConditions keep plain pods away from it.
+func testMatchConditions(t *testing.T, e *env) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool(), MinVersion: tls.VersionTLS12}}}
+	calls := func() float64 {
+		var n float64
+		for series, v := range metricstest.Scrape(t, client, "https://"+e.addr+webhook.MetricsPath) {
+			if strings.HasPrefix(series, webhook.MetricAdmissions+"{") {
+				n += v
+			}
+		}
+		return n
+	}
+	sidecar := clean(vgputest.Pod("sidecar").Limit(corev1.ResourceCPU, "1").Obj())
+	sidecar.Spec.InitContainers = []corev1.Container{{
+		Name: "side", Image: "registry.k8s.io/pause:3.10", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{vgpu.ResourceGPU: resource.MustParse("1")}, Limits: corev1.ResourceList{vgpu.ResourceGPU: resource.MustParse("1")}},
+	}}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		sent bool
+	}{
+		{"plain pod", clean(vgputest.Pod("plain").Limit(corev1.ResourceCPU, "1").Obj()), false},
+		{"other annotations", clean(vgputest.Pod("annotated").Annotation("example.com/gpu", "1").Limit(corev1.ResourceCPU, "1").Obj()), false},
+		{"hami.io annotation only", clean(vgputest.Pod("policy").Annotation(vgpu.AnnotationPrefix+"gpu-policy", "binpack").Limit(corev1.ResourceCPU, "1").Obj()), true},
+		{"hami.io resource in a sidecar", sidecar, true},
+		{"hami.io resource", gpuPod("slice"), true},
+	} {
+		before := calls()
+		if _, err := e.create(callCtx(t), tc.pod, true); err != nil {
+			t.Errorf("%s: create: %v", tc.name, err)
+			continue
+		}
+		if sent := calls() > before; sent != tc.sent {
+			t.Errorf("%s: sent to the webhook = %v, want %v", tc.name, sent, tc.sent)
+		}
+	}
 }
 
 // testRotation keeps the API server calling the webhook (dry-run pod

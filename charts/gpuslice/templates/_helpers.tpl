@@ -95,6 +95,14 @@ of a template that does not exist then stops lint too, with an error that carrie
 {{- include "gpuslice.fail" "webhook.certManager.issuerRef.name: required when issuerRef is set (the name of an existing Issuer or ClusterIssuer); leave issuerRef empty ({}) for a self-signed Issuer" -}}
 {{- end -}}
 {{- end -}}
+{{- with .Values.webhook.tls -}}
+{{- if and (or .caCert .cert .key) (not (and .caCert .cert .key)) -}}
+{{- include "gpuslice.fail" "webhook.tls: set caCert, cert and key together (PEM text of the CA, the serving certificate and its key), or none of them" -}}
+{{- end -}}
+{{- if and .cert $.Values.webhook.certManager.enabled -}}
+{{- include "gpuslice.fail" "webhook.tls and webhook.certManager.enabled=true: choose one source of the webhook's certificate" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The webhook binary's configuration file (webhook.ServerConfig). */}}

@@ -1,0 +1,93 @@
+package deviceplugin
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+func TestAllocate(t *testing.T) {
+	f := newHandoff(t, nil)
+	t0 := time.Now().Add(-time.Hour)
+	f.addPod(gpuPod("on-a", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.addPod(gpuPod("on-b", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.addPod(gpuPod("on-both", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main"))
+	// Created with spec.nodeName set: no scheduler, no allocation.
+	f.addPod(gpuPod("bypass", t0, nil, "main"))
+	name := func(ids ...string) string { return CDIQualifiedName(cdiDeviceName(ids)) }
+	tests := []struct {
+		name     string
+		ids      [][]string
+		want     []string // CDI device per container
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{name: "one slice", ids: [][]string{{DeviceID(gpuA, 3)}}, want: []string{name(DeviceID(gpuA, 3))}},
+		{name: "name ignores order", ids: [][]string{{DeviceID(gpuB, 0), DeviceID(gpuA, 0)}}, want: []string{name(DeviceID(gpuA, 0), DeviceID(gpuB, 0))}},
+		{name: "one answer per container", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID(gpuB, 5)}}, want: []string{name(DeviceID(gpuA, 0)), name(DeviceID(gpuB, 5))}},
+		{name: "no IDs", ids: [][]string{{}}, wantCode: codes.InvalidArgument, wantMsg: "no device IDs"},
+		{name: "foreign ID", ids: [][]string{{"nvidia0"}}, wantCode: codes.InvalidArgument, wantMsg: `device ID "nvidia0" was not made by this plugin`},
+		{name: "unknown GPU", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument, wantMsg: "names GPU GPU-gone, which this node does not advertise"},
+		{
+			name: "no allocation has that many slices on these GPUs", ids: [][]string{{DeviceID(gpuA, 0), DeviceID(gpuA, 1)}}, wantCode: codes.FailedPrecondition,
+			wantMsg: "no pod on node node-1 has a gpuslice allocation of 2 GPU(s) on [" + gpuA + "]",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := &pluginapi.AllocateRequest{}
+			for _, ids := range tt.ids {
+				req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+			}
+			resp, err := f.alloc.allocate(context.Background(), req)
+			if tt.wantCode != codes.OK {
+				if status.Code(err) != tt.wantCode || resp != nil || !strings.Contains(err.Error(), tt.wantMsg) {
+					t.Fatalf("allocate = %v, %v; want nil, code %v, a message containing %q", resp, err, tt.wantCode, tt.wantMsg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range resp.GetContainerResponses() {
+				for _, d := range c.GetCdiDevices() {
+					got = append(got, d.GetName())
+				}
+				if len(c.GetEnvs()) != 0 {
+					t.Errorf("mode cdi answered env %v; the CDI spec carries it", c.GetEnvs())
+				}
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("CDI devices per container (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestAllocateRefusesPodWithoutAllocation: a GPU pod created with
+// spec.nodeName set never went through the scheduler, so no allocation
+// covers its devices; Allocate refuses with a message that says so, and the
+// kubelet rejects the pod instead of holding its devices.
+func TestAllocateRefusesPodWithoutAllocation(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.addPod(gpuPod("bypass", time.Now(), nil, "main"))
+	f.podRes.admit("default", "bypass")
+	_, err := f.allocate(DeviceID(gpuA, 0))
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("allocate = %v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{"hami.io/gpu-allocation", "spec.nodeName", "gpuslice scheduler"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("allocate error %q does not contain %q", err, want)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package chart
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpuslice/gpuslice/test/harness/apiserver"
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// pluginAccount is the device plugin's ServiceAccount as the chart names it.
+const pluginAccount = releaseName + "-device-plugin"
+
+// nodePolicyEnv is a real API server with the chart's device-plugin RBAC and node policy, two
+// Nodes, the kubelet Lease of node-a, and the device plugin's pod on node-a.
+type nodePolicyEnv struct {
+	admin kubernetes.Interface
+	// onNodeA is the plugin pod's own pod-bound token (node-name claim node-a); unbound is a
+	// token of the same ServiceAccount bound to no pod.
+	onNodeA, unbound kubernetes.Interface
+}
+
+func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
+	t.Helper()
+	out, err := h.template("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := parseRender(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rendered{objs: objs}
+	s := apiserver.Start(t, apiserver.Options{})
+	e := &nodePolicyEnv{admin: kubernetes.NewForConfigOrDie(s.Config())}
+	ctx := policyCtx(t)
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	_, err = e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}}, metav1.CreateOptions{})
+	must("create the release namespace", err)
+	sa, ok := findTyped[*corev1.ServiceAccount](r, "ServiceAccount", releaseNamespace, pluginAccount)
+	role, ok2 := findTyped[*rbacv1.ClusterRole](r, "ClusterRole", "", pluginAccount)
+	binding, ok3 := findTyped[*rbacv1.ClusterRoleBinding](r, "ClusterRoleBinding", "", pluginAccount)
+	leaseRole, ok4 := findTyped[*rbacv1.Role](r, "Role", corev1.NamespaceNodeLease, pluginAccount)
+	leaseBinding, ok5 := findTyped[*rbacv1.RoleBinding](r, "RoleBinding", corev1.NamespaceNodeLease, pluginAccount)
+	policy, ok6 := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicy](r, "ValidatingAdmissionPolicy", "", releaseName+"-device-plugin-node")
+	policyBinding, ok7 := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r, "ValidatingAdmissionPolicyBinding", "", releaseName+"-device-plugin-node")
+	if !ok || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 {
+		t.Fatal("the chart does not render the device plugin's ServiceAccount, RBAC and node policy")
+	}
+	_, err = e.admin.CoreV1().ServiceAccounts(releaseNamespace).Create(ctx, sa, metav1.CreateOptions{})
+	must("create the plugin's ServiceAccount", err)
+	_, err = e.admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
+	must("create the plugin's ClusterRole", err)
+	_, err = e.admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
+	must("create the plugin's ClusterRoleBinding", err)
+	_, err = e.admin.RbacV1().Roles(corev1.NamespaceNodeLease).Create(ctx, leaseRole, metav1.CreateOptions{})
+	must("create the plugin's Lease Role", err)
+	_, err = e.admin.RbacV1().RoleBindings(corev1.NamespaceNodeLease).Create(ctx, leaseBinding, metav1.CreateOptions{})
+	must("create the plugin's Lease RoleBinding", err)
+	_, err = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{})
+	must("create the node policy", err)
+	_, err = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, policyBinding, metav1.CreateOptions{})
+	must("create the node policy's binding", err)
+	for _, n := range []string{"node-a", "node-b"} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"topology.kubernetes.io/zone": "z1"}}}
+		_, err = e.admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+		must("create Node "+n, err)
+	}
+	_, err = e.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
+	must("create the kubelet's Lease of node-a", err)
+	pod, err := e.admin.CoreV1().Pods(releaseNamespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "device-plugin-a", Namespace: releaseNamespace},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: pluginAccount, NodeName: "node-a",
+			Containers: []corev1.Container{{Name: "plugin", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}, metav1.CreateOptions{})
+	must("create the plugin's pod on node-a", err)
+	client := func(bound *authenticationv1.BoundObjectReference) kubernetes.Interface {
+		tr, err := e.admin.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(ctx, pluginAccount,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound}}, metav1.CreateOptions{})
+		must("request a token", err)
+		cfg := rest.AnonymousClientConfig(s.Config())
+		cfg.BearerToken = tr.Status.Token
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	e.onNodeA = client(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	e.unbound = client(nil)
+
+	// The API server loads the policy from its informer: wait until it denies.
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = patchNode(ctx, e.onNodeA, "node-b", `{"metadata":{"annotations":{"hami.io/probe":"x"}}}`)
+		return last != nil && strings.Contains(last.Error(), "the gpuslice device plugin of node node-a"), nil
+	}); err != nil {
+		t.Fatalf("the chart's node policy never denied node-a's plugin writing node-b: last answer %v", last)
+	}
+	return e
+}
+
+func patchNode(ctx context.Context, c kubernetes.Interface, name, patch string) error {
+	_, err := c.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// TestDevicePluginNodePolicy checks, with the real API server, the RBAC authorizer and the
+// chart's ValidatingAdmissionPolicy, what a token of node-a's plugin pod may do: its own Node's
+// hami.io/* labels and annotations and its own heartbeat Lease, and nothing of node-b, of the
+// kubelet's Lease or of any other label; a token bound to no pod may change nothing.
+func TestDevicePluginNodePolicy(t *testing.T) {
+	h := requireHelm(t)
+	e := startNodePolicyEnv(t, h)
+	ctx := policyCtx(t)
+	leases := func(c kubernetes.Interface) func(name string) error {
+		return func(name string) error {
+			_, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+			return err
+		}
+	}
+	updateLease := func(name string) error {
+		l, err := e.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		l.Spec.HolderIdentity = new(string)
+		*l.Spec.HolderIdentity = "gpuslice"
+		_, err = e.onNodeA.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	}
+	tests := []struct {
+		name     string
+		do       func() error
+		wantDeny string // "" means allowed
+	}{
+		{"own Node: inventory annotation", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"annotations":{"`+vgpu.AnnotationNodeInventory+`":"{}"}}}`)
+		}, ""},
+		{"own Node: ready label", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"labels":{"`+vgpu.LabelGPUReady+`":"true"}}}`)
+		}, ""},
+		{"own heartbeat Lease: create", func() error { return leases(e.onNodeA)(vgpu.HeartbeatLeaseName("node-a")) }, ""},
+		{"own heartbeat Lease: update", func() error { return updateLease(vgpu.HeartbeatLeaseName("node-a")) }, ""},
+		{"another Node", func() error {
+			return patchNode(ctx, e.onNodeA, "node-b", `{"metadata":{"annotations":{"`+vgpu.AnnotationNodeInventory+`":"{}"}}}`)
+		}, "may only update its own Node, not UPDATE Node node-b"},
+		{"own Node: another label", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"labels":{"topology.kubernetes.io/zone":"z2"}}}`)
+		}, "may change only the hami.io/* labels and annotations of its Node"},
+		{"own Node: remove another label", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"labels":{"topology.kubernetes.io/zone":null}}}`)
+		}, "may change only the hami.io/* labels and annotations of its Node"},
+		{"own Node: another annotation", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"annotations":{"example.com/note":"x"}}}`)
+		}, "may change only the hami.io/* labels and annotations of its Node"},
+		{"own Node: spec", func() error { return patchNode(ctx, e.onNodeA, "node-a", `{"spec":{"unschedulable":true}}`) },
+			"may change only the hami.io/* labels and annotations of its Node"},
+		{"the kubelet's Lease", func() error { return updateLease("node-a") },
+			"may write only its own heartbeat Lease gpuslice-node-a, not kube-node-lease/node-a"},
+		{"another node's heartbeat Lease", func() error { return leases(e.onNodeA)(vgpu.HeartbeatLeaseName("node-b")) },
+			"may write only its own heartbeat Lease gpuslice-node-a, not kube-node-lease/gpuslice-node-b"},
+		{"a token bound to no pod", func() error {
+			return patchNode(ctx, e.unbound, "node-a", `{"metadata":{"annotations":{"`+vgpu.AnnotationNodeInventory+`":"{}"}}}`)
+		}, "may write only with a pod-bound ServiceAccount token"},
+	}
+	for _, tt := range tests {
+		err := tt.do()
+		switch {
+		case tt.wantDeny == "" && err != nil:
+			t.Errorf("%s: %v, want it allowed", tt.name, err)
+		case tt.wantDeny != "" && (err == nil || !strings.Contains(err.Error(), tt.wantDeny)):
+			t.Errorf("%s: %v, want a denial containing %q", tt.name, err, tt.wantDeny)
+		}
+	}
+	node, err := e.admin.CoreV1().Nodes().Get(ctx, "node-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, changed := node.Annotations[vgpu.AnnotationNodeInventory]; changed {
+		t.Error("node-b has an inventory annotation written by node-a's plugin")
+	}
+}

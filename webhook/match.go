@@ -1,0 +1,34 @@
+package webhook
+
+import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+)
+
+// MatchConditionName names the webhook's one match condition; the API
+// server quotes it when the expression cannot be evaluated.
+const MatchConditionName = "gpuslice-pods-only"
+
+// MatchExpression is the CEL expression of the webhook's match condition:
+// true for a pod that carries an annotation with the hami.io/ prefix, or
+// whose containers or init containers ask for a hami.io/ resource in limits
+// or requests. Every pod Mutate acts on matches (it denies a forged
+// allocation annotation on any pod), so the API server calls the webhook for
+// these pods only and every other pod is created without waiting on it, even
+// while the webhook is down. The chart writes the same text (charts/gpuslice, checked by
+// test/chart).
+const MatchExpression = `(has(object.metadata.annotations) &&
+  object.metadata.annotations.exists(k, k.startsWith('hami.io/'))) ||
+object.spec.containers.exists(c, has(c.resources) && (
+  (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('hami.io/'))) ||
+  (has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('hami.io/'))))) ||
+(has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
+  (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('hami.io/'))) ||
+  (has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('hami.io/'))))))`
+
+// MatchConditions returns the matchConditions of the webhook's entry in a
+// MutatingWebhookConfiguration (admissionregistration.k8s.io/v1, GA since
+// Kubernetes 1.30): the API server evaluates them before calling the
+// webhook. Each call returns a new slice.
+func MatchConditions() []admissionregistrationv1.MatchCondition {
+	return []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: MatchExpression}}
+}
