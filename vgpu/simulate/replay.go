@@ -23,11 +23,18 @@ const (
 	// PolicyRandom places each task on a node drawn uniformly from those it
 	// fits, on GPUs chosen by vgpu.PolicyBinpack: the paper's baseline.
 	PolicyRandom Policy = "random"
+	// PolicyFGD is the paper's algorithm, in vgpu's model, for side-by-side
+	// runs: vgpu.PolicyFragmentation for nodes and GPUs, measured against
+	// the whole task list known in advance, each GPU task weighing 1 (the
+	// paper's task popularity), tasks without GPUs left out (for them the
+	// paper counts every free GPU as fragmented wherever a task goes), and
+	// no GPU supply.
+	PolicyFGD Policy = "fgd"
 )
 
 // Policies lists the replay policies in the order reports show them.
 func Policies() []Policy {
-	return []Policy{PolicyRandom, PolicySpread, PolicyBinpack, PolicyFragmentation}
+	return []Policy{PolicyRandom, PolicySpread, PolicyBinpack, PolicyFGD, PolicyFragmentation}
 }
 
 // Defaults of Config.
@@ -55,10 +62,22 @@ type Config struct {
 	Tune float64
 	// SplitCount is the slices per GPU; 0 means DefaultSplitCount.
 	SplitCount int
-	// Workload is what PolicyFragmentation measures against; nil means the
-	// distribution of the tasks given to Replay (vgpu.Workload.Add of each).
+	// Workload is what PolicyFragmentation measures against; nil means
+	// estimated online, as a scheduler would: each task is added
+	// (vgpu.Workload.Add) as it arrives, before it is placed, with a half
+	// life of HalfLife tasks, and the workload knows the nodes' GPUs by
+	// model (vgpu.Workload.SetSupply). PolicyFGD ignores it.
 	Workload *vgpu.Workload
+	// HalfLife is the online workload's half life in tasks; 0 means
+	// DefaultHalfLife, below 0 never forgets.
+	HalfLife float64
 }
+
+// DefaultHalfLife is the half life, in tasks, of the workload
+// PolicyFragmentation estimates online: long enough that the workload's
+// rarer shapes are seen tens of times, short enough to follow a mix that
+// changes over a few thousand pods.
+const DefaultHalfLife = 2000
 
 // Result is the outcome of one replay.
 type Result struct {
@@ -114,10 +133,15 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 		cfg.SplitCount = DefaultSplitCount
 	}
 	opts := vgpu.FitOptions{NodePolicy: vgpu.Policy(cfg.Policy), GPUPolicy: vgpu.Policy(cfg.Policy)}
-	if cfg.Policy == PolicyRandom {
+	switch cfg.Policy {
+	case PolicyRandom:
 		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyBinpack, GPUPolicy: vgpu.PolicyBinpack}
-	} else if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
-		return Result{}, fmt.Errorf("policy: %w", err)
+	case PolicyFGD:
+		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation}
+	default:
+		if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
+			return Result{}, fmt.Errorf("policy: %w", err)
+		}
 	}
 	res := Result{Policy: cfg.Policy, Seed: cfg.Seed}
 	cluster := make([]simNode, 0, len(nodes))
@@ -129,17 +153,18 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 		return Result{}, ErrNoCapacity
 	}
 	all := make([]task, len(tasks))
-	workload := cfg.Workload
-	if workload == nil {
-		workload = &vgpu.Workload{}
-	}
 	for i, t := range tasks {
 		all[i] = newTask(t)
-		if cfg.Workload == nil {
-			workload.Add(all[i].pod)
-		}
 	}
-	opts.Workload = workload
+	online := cfg.Workload == nil && cfg.Policy == PolicyFragmentation
+	switch {
+	case cfg.Policy == PolicyFGD:
+		opts.Workload = fgdWorkload(all)
+	case online:
+		opts.Workload = onlineWorkload(nodes, cfg.HalfLife)
+	default:
+		opts.Workload = cfg.Workload
+	}
 	var gpuTaskCPU, gpuTaskMilli float64
 	for _, t := range tasks {
 		if t.GPUs > 0 {
@@ -158,6 +183,9 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	for _, t := range order {
 		res.Arrived++
 		arrived += t.DemandMilli()
+		if online {
+			opts.Workload.Add(t.pod)
+		}
 		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng) {
 			res.Placed++
 			res.AllocatedMilli += t.DemandMilli()
