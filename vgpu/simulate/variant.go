@@ -16,7 +16,7 @@ type Family string
 const (
 	// FamilyGPUSpec pins a share of the GPU tasks to GPU models: NN% of
 	// the GPU tasks, drawn uniformly, get a model filter drawn from
-	// SpecMix. The other tasks are the base's.
+	// SpecMix in place of theirs. The other tasks are the base's.
 	FamilyGPUSpec Family = "gpuspec"
 	// FamilyMultiGPU appends copies of the base's multi-GPU tasks, drawn
 	// uniformly, until multi-GPU tasks ask for NN% of the GPU request.
@@ -49,7 +49,7 @@ func Variants() []VariantSpec {
 	var out []VariantSpec
 	for _, n := range []string{"gpuspec05", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33",
 		"multigpu20", "multigpu30", "multigpu40", "multigpu50",
-		"cpu000", "cpu050", "cpu100", "cpu200", "cpu250", "cpu300"} {
+		"cpu050", "cpu100", "cpu200", "cpu250"} {
 		v, _ := ParseVariant(n)
 		out = append(out, v)
 	}
