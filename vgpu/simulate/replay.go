@@ -104,6 +104,29 @@ type simNode struct {
 	// freeGPUs is the healthy capacity not in use, in GPUs, as Fit last
 	// reported; a task needing more cannot fit, so Fit is not called.
 	freeGPUs float64
+	// state is the node's state as Fit and the placement rules see it
+	// (see stateKey): nodes of equal state give equal placements and
+	// scores, so place judges only the first of them.
+	state string
+}
+
+// stateKey is what makes n's placements what they are: its GPUs' model,
+// memory and usage in inventory order, and its free CPU and memory.
+func stateKey(n *simNode) string {
+	b := make([]byte, 0, 16+24*len(n.inv.GPUs))
+	b = strconv.AppendInt(b, n.cpuFree, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, n.memFree, 10)
+	for _, g := range n.inv.GPUs {
+		u := n.usage.GPU(g.UUID)
+		b = append(b, '|')
+		b = append(b, g.Model...)
+		for _, v := range []int64{g.SchedulableMemoryMiB, int64(g.CoresPercent), u.MemoryMiB, int64(u.CoresPercent), int64(u.Slices), int64(u.Exclusive)} {
+			b = append(b, ',')
+			b = strconv.AppendInt(b, v, 10)
+		}
+	}
+	return string(b)
 }
 
 // task is a trace task in vgpu terms.
@@ -180,13 +203,14 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	order := arrivals(all, rng, float64(res.CapacityMilli)*cfg.Tune)
 
 	var arrived int64
+	judged := map[string]struct{}{}
 	for _, t := range order {
 		res.Arrived++
 		arrived += t.DemandMilli()
 		if online {
 			opts.Workload.Add(t.pod)
 		}
-		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng) {
+		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng, judged) {
 			res.Placed++
 			res.AllocatedMilli += t.DemandMilli()
 		} else {
@@ -210,7 +234,9 @@ func newSimNode(n Node, split int) simNode {
 			NUMANode: -1, Health: vgpu.Healthy,
 		})
 	}
-	return simNode{inv: inv, cpuFree: n.CPUMilli, memFree: n.MemoryMiB, freeGPUs: float64(n.GPUs)}
+	sn := simNode{inv: inv, cpuFree: n.CPUMilli, memFree: n.MemoryMiB, freeGPUs: float64(n.GPUs)}
+	sn.state = stateKey(&sn)
+	return sn
 }
 
 // modelMemoryMiB is the memory of the trace's GPU models. Tasks ask for a
@@ -272,7 +298,8 @@ func arrivals(tasks []task, rng *rand.Rand, demand float64) []task {
 }
 
 // place puts t on the best node and reports whether any fitted.
-func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPerGPU float64, rng *rand.Rand) bool {
+func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPerGPU float64, rng *rand.Rand, judged map[string]struct{}) bool {
+	clear(judged)
 	best, seen := -1, 0
 	var bestPlacement vgpu.Placement
 	var bestScore vgpu.NodeScore
@@ -281,6 +308,14 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		n := &cluster[i]
 		if n.cpuFree < t.CPUMilli || n.memFree < t.MemoryMiB || n.freeGPUs < t.need-0.01 {
 			continue
+		}
+		// A node in the state of one judged before places and scores the
+		// same, and loses the tie to it; random placement counts it.
+		if policy != PolicyRandom {
+			if _, ok := judged[n.state]; ok {
+				continue
+			}
+			judged[n.state] = struct{}{}
 		}
 		host := vgpu.HostResources{CPUMilli: n.cpuFree, MemoryMiB: n.memFree}
 		p, err := vgpu.Fit(t.pod, vgpu.NodeState{Inventory: n.inv, Usage: &n.usage, HostFree: &host}, opts)
@@ -322,6 +357,7 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		n.usage.Add(bestPlacement.Allocation, t.pod.Request)
 		n.freeGPUs = float64(bestPlacement.HealthyGPUs) - bestPlacement.UsedAfter
 	}
+	n.state = stateKey(n)
 	return true
 }
 
