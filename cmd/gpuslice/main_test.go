@@ -36,7 +36,7 @@ func TestSimulateVariant(t *testing.T) {
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"simulate",
 		"--trace", filepath.Join(dir, "pods.csv"), "--nodes", filepath.Join(dir, "nodes.csv"),
-		"--seeds", "1", "--policy", "fragmentation", "--variant", "multigpu40",
+		"--seeds", "1", "--policy", "fgd,fragmentation", "--variant", "multigpu40",
 		"--expected", filepath.Join(dir, "published.csv"),
 	}, &out)
 	if err != nil {
@@ -57,7 +57,7 @@ func TestRunErrors(t *testing.T) {
 		"unknown command": {[]string{"bake"}, `unknown command "bake"`},
 		"missing flags":   {[]string{"simulate"}, "--trace: required\n--nodes: required"},
 		"bad policy": {[]string{"simulate", "--trace", "a", "--nodes", "b", "--policy", "tetris"},
-			`--policy="tetris": must be all or one of random, spread, binpack, fgd, fragmentation`},
+			`--policy="tetris": must be all or a comma-separated list of random, spread, binpack, fgd, fragmentation`},
 		"bad variant": {[]string{"simulate", "--trace", "a", "--nodes", "b", "--variant", "gpuspec"},
 			`--variant: bad variant: "gpuspec"`},
 		"missing file": {[]string{"simulate", "--trace", "a", "--nodes", "nope.csv"}, "open nope.csv"},

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -37,7 +38,7 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 	fs.StringVar(&cfg.trace, "trace", "", "pod list CSV (openb_pod_list_*.csv); required")
 	fs.StringVar(&cfg.nodes, "nodes", "", "node list CSV (openb_node_list_*.csv); required")
 	fs.StringVar(&cfg.expected, "expected", "", "the simulator's analysis_allo_discrete.csv to compare per seed; default: simulator-expected-results/ beside the trace, when present")
-	policy := fs.String("policy", "all", "all, or one of "+policyNames())
+	policy := fs.String("policy", "all", "all, or a comma-separated list of "+policyNames())
 	fs.IntVar(&cfg.seeds, "seeds", 10, "number of seeds, from --first-seed on")
 	fs.Uint64Var(&cfg.firstSeed, "first-seed", 42, "first seed (the paper uses 42 to 51)")
 	fs.IntVar(&cfg.parallel, "parallel", runtime.GOMAXPROCS(0), "replays run at once")
@@ -64,18 +65,19 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 		errs = append(errs, fmt.Errorf("--seeds=%d: must be at least 1", cfg.seeds))
 	}
 	cfg.parallel = max(cfg.parallel, 1)
-	switch *policy {
-	case "all":
+	if *policy == "all" {
 		cfg.policies = simulate.Policies()
-	default:
-		for _, p := range simulate.Policies() {
-			if string(p) == *policy {
-				cfg.policies = []simulate.Policy{p}
-			}
+	}
+	for name := range strings.SplitSeq(*policy, ",") {
+		if *policy == "all" {
+			break
 		}
-		if cfg.policies == nil {
-			errs = append(errs, fmt.Errorf("--policy=%q: must be all or one of %s", *policy, policyNames()))
+		i := slices.Index(simulate.Policies(), simulate.Policy(name))
+		if i < 0 {
+			errs = append(errs, fmt.Errorf("--policy=%q: must be all or a comma-separated list of %s", *policy, policyNames()))
+			break
 		}
+		cfg.policies = append(cfg.policies, simulate.Policies()[i])
 	}
 	if cfg.expected == "" && cfg.trace != "" {
 		guess := filepath.Join(filepath.Dir(cfg.trace), "simulator-expected-results", "analysis_allo_discrete.csv")
