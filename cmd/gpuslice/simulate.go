@@ -23,12 +23,12 @@ import (
 type simulateConfig struct {
 	trace, nodes, expected string
 	// variant, when set, is made from the trace (simulate.MakeVariant).
-	variant *simulate.VariantSpec
-	policies               []simulate.Policy
-	seeds                  int
-	firstSeed              uint64
-	parallel               int
-	tune                   float64
+	variant   *simulate.VariantSpec
+	policies  []simulate.Policy
+	seeds     int
+	firstSeed uint64
+	parallel  int
+	tune      float64
 }
 
 func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
