@@ -19,10 +19,9 @@ func statsOf(tasks []simulate.Task) variantStats {
 	var s variantStats
 	s.Tasks = len(tasks)
 	for _, t := range tasks {
-		switch {
-		case t.GPUs == 0:
+		if t.GPUs == 0 {
 			s.CPUOnly++
-		default:
+		} else {
 			s.GPUTasks++
 			s.RequestMilli += t.DemandMilli()
 			if t.GPUs > 1 {
