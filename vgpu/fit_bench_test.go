@@ -73,4 +73,21 @@ func BenchmarkFit(b *testing.B) {
 		opts.Unscored = true
 		b.Run(string(policy)+"-unscored", func(b *testing.B) { run(b, opts) })
 	}
+	// The fragmentation policy against a workload a third of whose demand
+	// is pinned to GPU models, weighed by the cluster's supply.
+	opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation, Workload: pinnedWorkload()}
+	b.Run("fragmentation-pinned", func(b *testing.B) { run(b, opts) })
+}
+
+// pinnedWorkload is DefaultWorkload plus classes pinned to one of three
+// models, with a supply of 40,000 GPUs of which the bench's nodes (model
+// unset) are most.
+func pinnedWorkload() *vgpu.Workload {
+	w := vgpu.DefaultWorkload()
+	for _, model := range []string{"T4", "A10", "V100"} {
+		w.AddClass(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Models: []string{model}, Weight: 0.1})
+		w.AddClass(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Models: []string{model}, Weight: 0.05})
+	}
+	w.SetSupply(map[string]int{"": 34000, "T4": 3000, "A10": 2000, "V100": 1000})
+	return w
 }

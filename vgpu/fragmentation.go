@@ -1,6 +1,9 @@
 package vgpu
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Workload is a distribution of typical requests: the yardstick that
 // PolicyFragmentation measures free GPU capacity against. Free capacity
@@ -23,6 +26,15 @@ type Workload struct {
 	// are the weight of the classes without GPUs and the sum of their
 	// weights times their CPU.
 	gpuWeight, gpuCPU, cpuOnly, cpuOnlyCPU float64
+	// supply is the cluster's GPUs by model (SetSupply) and scale, per
+	// shape, the cluster's GPUs over those the shape's model filter
+	// admits (1 without supply; 0 when it admits none).
+	supply map[string]int
+	scale  []float64
+	// halfLife is the pods after which a pod's weight has halved (0:
+	// never); boost is the factor Add multiplies new weights by, growing
+	// by 2 every halfLife pods, so that older weights count less.
+	halfLife, boost float64
 }
 
 // WorkloadClass is one request shape of a Workload: what one container
@@ -82,6 +94,56 @@ func DefaultWorkload() *Workload {
 	)
 }
 
+// SetSupply tells w how many healthy GPUs of each model the cluster has.
+// Each class then weighs its demand per GPU it can use: its weight is
+// multiplied by the cluster's GPUs over the GPUs its model filter admits,
+// so the free capacity of a model that few GPUs have and many pods are
+// pinned to counts for as much as that demand presses on it, and pods
+// that accept any model are steered away from it. Without a supply (nil
+// or empty), every class weighs as if it accepted every GPU. The map is
+// copied; call it again when the cluster's GPUs change.
+func (w *Workload) SetSupply(gpusByModel map[string]int) {
+	w.supply = nil
+	if len(gpusByModel) > 0 {
+		w.supply = make(map[string]int, len(gpusByModel))
+		for m, n := range gpusByModel {
+			if n > 0 {
+				w.supply[m] = n
+			}
+		}
+	}
+	for si := range w.shapes {
+		w.scale[si] = w.supplyScale(&w.shapes[si])
+	}
+}
+
+// supplyScale is the scale of shape t (see Workload.scale).
+func (w *Workload) supplyScale(t *WorkloadClass) float64 {
+	if len(w.supply) == 0 || t.GPUs == 0 || len(t.Models) == 0 && len(t.ExcludeModels) == 0 {
+		return 1
+	}
+	var all, admitted int
+	for model, n := range w.supply {
+		all += n
+		g := GPU{Model: model}
+		if modelOK, _ := (Constraints{Models: t.Models, ExcludeModels: t.ExcludeModels}).admits(&g); modelOK {
+			admitted += n
+		}
+	}
+	if admitted == 0 {
+		return 0
+	}
+	return float64(all) / float64(admitted)
+}
+
+// SetHalfLife makes Add forget: a pod's weight halves after every pods
+// more pods are added, so that the workload follows a cluster whose mix
+// changes. 0 (the default) never forgets. Weights already in w keep their
+// value; only pods added afterwards decay.
+func (w *Workload) SetHalfLife(pods float64) {
+	w.halfLife = max(pods, 0)
+}
+
 // Classes returns a copy of w's classes, in the order first added.
 func (w *Workload) Classes() []WorkloadClass {
 	if w == nil {
@@ -104,6 +166,9 @@ func (w *Workload) Classes() []WorkloadClass {
 // requests: taking a node's CPU can strand the GPUs that CPU would feed
 // (see WorkloadClass.Weight for how much they weigh).
 func (w *Workload) Add(pod PodDemand) {
+	if w.halfLife > 0 {
+		w.age()
+	}
 	c := pod.Constraints
 	gpuContainers := 0
 	for _, cr := range pod.Request.Containers {
@@ -115,12 +180,43 @@ func (w *Workload) Add(pod PodDemand) {
 			GPUs: cr.GPUs, MemoryMiB: cr.MemoryMiB, MemoryPercent: cr.MemoryPercent,
 			CoresPercent: cr.CoresPercent, Exclusive: cr.Exclusive,
 			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host,
-			Weight: demandGPUs(cr.GPUs, cr.Exclusive, cr.MemoryPercent, cr.CoresPercent),
+			Weight: w.boosted(demandGPUs(cr.GPUs, cr.Exclusive, cr.MemoryPercent, cr.CoresPercent)),
 		})
 	}
 	if gpuContainers == 0 {
-		w.AddClass(WorkloadClass{Host: pod.Host, Weight: 1})
+		w.AddClass(WorkloadClass{Host: pod.Host, Weight: w.boosted(1)})
 	}
+}
+
+// age grows the boost of new weights by one pod's worth of decay, and
+// scales every weight down when the boost grows large, which leaves the
+// shares unchanged.
+func (w *Workload) age() {
+	if w.boost == 0 {
+		w.boost = 1
+	}
+	w.boost *= math.Exp2(1 / w.halfLife)
+	if w.boost < 1e100 {
+		return
+	}
+	f := 1 / w.boost
+	w.boost = 1
+	for i := range w.classes {
+		w.classes[i].Weight *= f
+	}
+	w.total *= f
+	w.gpuWeight *= f
+	w.gpuCPU *= f
+	w.cpuOnly *= f
+	w.cpuOnlyCPU *= f
+}
+
+// boosted is weight times the boost of new weights.
+func (w *Workload) boosted(weight float64) float64 {
+	if w.boost == 0 {
+		return weight
+	}
+	return weight * w.boost
 }
 
 // demandGPUs is the GPU capacity a container asks for, in GPUs (see Add).
@@ -160,6 +256,7 @@ func (w *Workload) AddClass(c WorkloadClass) {
 		s.Host, s.Weight = HostResources{}, 0
 		shape = len(w.shapes)
 		w.shapes = append(w.shapes, s)
+		w.scale = append(w.scale, w.supplyScale(&s))
 	}
 	w.classes = append(w.classes, c)
 	w.shapeOf = append(w.shapeOf, shape)
@@ -223,12 +320,20 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *frag
 	if w.cpuOnly > 0 && w.cpuOnlyCPU > 0 && w.gpuCPU > 0 {
 		cpuOnlyWeight = (w.cpuOnlyCPU / w.cpuOnly) / (w.gpuCPU / w.gpuWeight)
 	}
-	total := w.gpuWeight + cpuOnlyWeight*w.cpuOnly
+	total := cpuOnlyWeight * w.cpuOnly
+	for ci := range w.classes {
+		if c := &w.classes[ci]; c.GPUs > 0 {
+			total += c.Weight * w.scale[w.shapeOf[ci]]
+		}
+	}
+	if total <= 0 {
+		return m
+	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
-		share := c.Weight / total
+		share := c.Weight * w.scale[w.shapeOf[ci]] / total
 		if c.GPUs == 0 {
-			share *= cpuOnlyWeight
+			share = c.Weight * cpuOnlyWeight / total
 		}
 		if hostFree == nil {
 			m.weight[0][w.shapeOf[ci]] += share

@@ -84,3 +84,69 @@ func TestWorkloadAdd(t *testing.T) {
 		t.Errorf("Classes() mismatch (-want +got):\n%s", diff)
 	}
 }
+
+func TestWorkloadSupply(t *testing.T) {
+	t.Parallel()
+	// One T4 and one A100 node, each with one GPU of which 0.6 is used.
+	// The pinned class accepts T4 only; the cluster has 1 T4 of 4 GPUs.
+	pinned := vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Models: []string{"T4"}, Weight: 1}
+	any := vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 30, Weight: 1}
+	t4 := vgputest.Node("t4").GPU("GPU-0", 10000).Model("GPU-0", "Tesla T4").Obj()
+	a100 := vgputest.Node("a100").GPU("GPU-1", 10000).Model("GPU-1", "A100").Obj()
+	tests := []struct {
+		name   string
+		supply map[string]int
+		node   vgpu.NodeInventory
+		uuid   string
+		want   float64
+	}{
+		// 0.4 free: the pinned class cannot use it (model or size), the
+		// other can.
+		{"no supply, T4", nil, t4, "GPU-0", 0.5 * 0.4},
+		{"no supply, A100", nil, a100, "GPU-1", 0.5 * 0.4},
+		// The pinned class weighs 4 per GPU it can use against 1.
+		{"supply, T4", map[string]int{"Tesla T4": 1, "A100": 3}, t4, "GPU-0", 0.8 * 0.4},
+		{"supply, A100", map[string]int{"Tesla T4": 1, "A100": 3}, a100, "GPU-1", 0.8 * 0.4},
+		{"supply without the pinned model", map[string]int{"A100": 3}, a100, "GPU-1", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w := vgpu.NewWorkload(pinned, any)
+			w.SetSupply(tt.supply)
+			usage := vgputest.Usage(vgputest.Allocation(tt.node.Node).Slice(tt.uuid, 6000, 0).Obj())
+			got := vgpu.Fragmentation(vgpu.NodeState{Inventory: tt.node, Usage: usage}, w)
+			if math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("Fragmentation() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestWorkloadHalfLife(t *testing.T) {
+	t.Parallel()
+	w := &vgpu.Workload{}
+	w.SetHalfLife(2)
+	whole := vgpu.PodDemand{Request: vgputest.Pod("p").GPU(1).PodRequest()}
+	half := vgpu.PodDemand{Request: vgputest.Pod("p").MemoryPercent(50).PodRequest()}
+	w.Add(whole)
+	w.Add(whole)
+	// Two pods later the whole-GPU pods weigh half as much as when added;
+	// the shares are what counts, so compare them.
+	w.Add(half)
+	w.Add(half)
+	got := w.Classes()
+	ratio := got[0].Weight / got[1].Weight
+	// whole: 1·b1 + 1·b2; half: 0.5·b3 + 0.5·b4, b growing by √2 a pod.
+	r := math.Sqrt2
+	want := (r + r*r) / (0.5*r*r*r + 0.5*r*r*r*r)
+	if math.Abs(ratio-want) > 1e-9 {
+		t.Errorf("weight ratio whole/half = %v, want %v", ratio, want)
+	}
+	for range 5000 {
+		w.Add(half)
+	}
+	if got := w.Classes(); got[0].Weight/got[1].Weight > 1e-100 || math.IsNaN(got[1].Weight) || math.IsInf(got[1].Weight, 0) {
+		t.Errorf("after 5000 pods, weights %v and %v: want the old class forgotten and finite weights", got[0].Weight, got[1].Weight)
+	}
+}

@@ -21,12 +21,29 @@ func TestSimulate(t *testing.T) {
 	}
 	for _, want := range []string{
 		"trace pods.csv: 40 tasks; nodes nodes.csv: 5 nodes, 23 GPUs; seeds 42..43",
-		"fragmentation", "binpack", "spread", "random",
+		"fragmentation", "binpack", "spread", "random", "fgd",
 		"FGD              4.77%",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestSimulateVariant(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join("..", "..", "vgpu", "simulate", "testdata")
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"simulate",
+		"--trace", filepath.Join(dir, "pods.csv"), "--nodes", filepath.Join(dir, "nodes.csv"),
+		"--seeds", "1", "--policy", "fgd,fragmentation", "--variant", "multigpu40",
+		"--expected", filepath.Join(dir, "published.csv"),
+	}, &out)
+	if err != nil {
+		t.Fatalf("run() error = %v\n%s", err, out.String())
+	}
+	if want := "trace pods.csv as multigpu40: "; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
 	}
 }
 
@@ -40,7 +57,9 @@ func TestRunErrors(t *testing.T) {
 		"unknown command": {[]string{"bake"}, `unknown command "bake"`},
 		"missing flags":   {[]string{"simulate"}, "--trace: required\n--nodes: required"},
 		"bad policy": {[]string{"simulate", "--trace", "a", "--nodes", "b", "--policy", "tetris"},
-			`--policy="tetris": must be all or one of random, spread, binpack, fragmentation`},
+			`--policy="tetris": must be all or a comma-separated list of random, spread, binpack, fgd, fragmentation`},
+		"bad variant": {[]string{"simulate", "--trace", "a", "--nodes", "b", "--variant", "gpuspec"},
+			`--variant: bad variant: "gpuspec"`},
 		"missing file": {[]string{"simulate", "--trace", "a", "--nodes", "nope.csv"}, "open nope.csv"},
 	}
 	for name, tt := range tests {

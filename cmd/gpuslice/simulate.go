@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -21,11 +22,13 @@ import (
 // simulateConfig is the simulate subcommand's flags.
 type simulateConfig struct {
 	trace, nodes, expected string
-	policies               []simulate.Policy
-	seeds                  int
-	firstSeed              uint64
-	parallel               int
-	tune                   float64
+	// variant, when set, is made from the trace (simulate.MakeVariant).
+	variant   *simulate.VariantSpec
+	policies  []simulate.Policy
+	seeds     int
+	firstSeed uint64
+	parallel  int
+	tune      float64
 }
 
 func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
@@ -35,15 +38,23 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 	fs.StringVar(&cfg.trace, "trace", "", "pod list CSV (openb_pod_list_*.csv); required")
 	fs.StringVar(&cfg.nodes, "nodes", "", "node list CSV (openb_node_list_*.csv); required")
 	fs.StringVar(&cfg.expected, "expected", "", "the simulator's analysis_allo_discrete.csv to compare per seed; default: simulator-expected-results/ beside the trace, when present")
-	policy := fs.String("policy", "all", "all, or one of "+policyNames())
+	policy := fs.String("policy", "all", "all, or a comma-separated list of "+policyNames())
 	fs.IntVar(&cfg.seeds, "seeds", 10, "number of seeds, from --first-seed on")
 	fs.Uint64Var(&cfg.firstSeed, "first-seed", 42, "first seed (the paper uses 42 to 51)")
 	fs.IntVar(&cfg.parallel, "parallel", runtime.GOMAXPROCS(0), "replays run at once")
 	fs.Float64Var(&cfg.tune, "tune", simulate.DefaultTune, "demand, as a multiple of capacity, the task list is extended to")
+	variant := fs.String("variant", "", "replay a variant made from the trace, as the FGD paper's simulator made its files: gpuspecNN, multigpuNN or cpuNNN (e.g. gpuspec33, multigpu50, cpu250); default: the trace itself")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
 	var errs []error
+	if *variant != "" {
+		v, err := simulate.ParseVariant(*variant)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--variant: %w", err))
+		}
+		cfg.variant = &v
+	}
 	if cfg.trace == "" {
 		errs = append(errs, errors.New("--trace: required"))
 	}
@@ -54,18 +65,19 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 		errs = append(errs, fmt.Errorf("--seeds=%d: must be at least 1", cfg.seeds))
 	}
 	cfg.parallel = max(cfg.parallel, 1)
-	switch *policy {
-	case "all":
+	if *policy == "all" {
 		cfg.policies = simulate.Policies()
-	default:
-		for _, p := range simulate.Policies() {
-			if string(p) == *policy {
-				cfg.policies = []simulate.Policy{p}
-			}
+	}
+	for name := range strings.SplitSeq(*policy, ",") {
+		if *policy == "all" {
+			break
 		}
-		if cfg.policies == nil {
-			errs = append(errs, fmt.Errorf("--policy=%q: must be all or one of %s", *policy, policyNames()))
+		i := slices.Index(simulate.Policies(), simulate.Policy(name))
+		if i < 0 {
+			errs = append(errs, fmt.Errorf("--policy=%q: must be all or a comma-separated list of %s", *policy, policyNames()))
+			break
 		}
+		cfg.policies = append(cfg.policies, simulate.Policies()[i])
 	}
 	if cfg.expected == "" && cfg.trace != "" {
 		guess := filepath.Join(filepath.Dir(cfg.trace), "simulator-expected-results", "analysis_allo_discrete.csv")
@@ -99,6 +111,15 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	workload := strings.TrimSuffix(filepath.Base(cfg.trace), filepath.Ext(cfg.trace))
+	traceName := filepath.Base(cfg.trace)
+	if cfg.variant != nil {
+		if tasks, err = simulate.MakeVariant(tasks, *cfg.variant); err != nil {
+			return err
+		}
+		// The paper's files are named openb_pod_list_<variant>.
+		workload = "openb_pod_list_" + cfg.variant.Name
+		traceName += " as " + cfg.variant.Name
+	}
 	var published []simulate.Published
 	if cfg.expected != "" {
 		published, err = readFile(cfg.expected, func(r io.Reader) ([]simulate.Published, error) {
@@ -152,7 +173,7 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 		gpus += n.GPUs
 	}
 	fmt.Fprintf(out, "trace %s: %d tasks; nodes %s: %d nodes, %d GPUs; seeds %d..%d; tune %.2f\n\n",
-		filepath.Base(cfg.trace), len(tasks), filepath.Base(cfg.nodes), len(nodes), gpus,
+		traceName, len(tasks), filepath.Base(cfg.nodes), len(nodes), gpus,
 		cfg.firstSeed, cfg.firstSeed+uint64(cfg.seeds)-1, cfg.tune) //nolint:gosec // G115: seeds >= 1, checked in parse.
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tunallocated GPU (mean)\tmin\tmax\tfailed tasks (mean)\ttime per replay (mean)\t")
@@ -178,6 +199,12 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintln(out, "\npublished (Weng et al., ATC '23, openb_pod_list_default, mean of 10 seeds):")
 	for _, p := range simulate.PaperResults() {
 		fmt.Fprintf(out, "  %-14s %6.2f%%\n", p.Policy, p.UnallocatedPercent)
+	}
+	if means := simulate.PublishedMeans(published); len(means) > 0 && workload != "openb_pod_list_default" {
+		fmt.Fprintf(out, "\npublished for %s (%s, mean over its seeds; the paper's file, not this run's variant):\n", workload, filepath.Base(cfg.expected))
+		for _, m := range means {
+			fmt.Fprintf(out, "  %-16s %6.2f%%\n", m.Policy, m.UnallocatedPercent)
+		}
 	}
 	if len(published) > 0 {
 		fmt.Fprintf(out, "\nper seed, %s (the simulator's seeds shuffle differently: compare spreads, not rows):\n", filepath.Base(cfg.expected))

@@ -76,3 +76,25 @@ func ReadPublished(r io.Reader, workload string) ([]Published, error) {
 		out = append(out, Published{Policy: row[col["sc_policy"]], Seed: seed, UnallocatedPercent: 100 - allocated})
 	}
 }
+
+// PublishedMeans returns, per policy in the order first seen, the mean of
+// rows' UnallocatedPercent over their seeds; Seed is 0.
+func PublishedMeans(rows []Published) []Published {
+	var out []Published
+	count := map[string]int{}
+	at := map[string]int{}
+	for _, r := range rows {
+		i, ok := at[r.Policy]
+		if !ok {
+			i = len(out)
+			at[r.Policy] = i
+			out = append(out, Published{Policy: r.Policy})
+		}
+		out[i].UnallocatedPercent += r.UnallocatedPercent
+		count[r.Policy]++
+	}
+	for i := range out {
+		out[i].UnallocatedPercent /= float64(count[out[i].Policy])
+	}
+	return out
+}

@@ -23,11 +23,18 @@ const (
 	// PolicyRandom places each task on a node drawn uniformly from those it
 	// fits, on GPUs chosen by vgpu.PolicyBinpack: the paper's baseline.
 	PolicyRandom Policy = "random"
+	// PolicyFGD is the paper's algorithm, in vgpu's model, for side-by-side
+	// runs: vgpu.PolicyFragmentation for nodes and GPUs, measured against
+	// the whole task list known in advance, each GPU task weighing 1 (the
+	// paper's task popularity), tasks without GPUs left out (for them the
+	// paper counts every free GPU as fragmented wherever a task goes), and
+	// no GPU supply.
+	PolicyFGD Policy = "fgd"
 )
 
 // Policies lists the replay policies in the order reports show them.
 func Policies() []Policy {
-	return []Policy{PolicyRandom, PolicySpread, PolicyBinpack, PolicyFragmentation}
+	return []Policy{PolicyRandom, PolicySpread, PolicyBinpack, PolicyFGD, PolicyFragmentation}
 }
 
 // Defaults of Config.
@@ -55,10 +62,22 @@ type Config struct {
 	Tune float64
 	// SplitCount is the slices per GPU; 0 means DefaultSplitCount.
 	SplitCount int
-	// Workload is what PolicyFragmentation measures against; nil means the
-	// distribution of the tasks given to Replay (vgpu.Workload.Add of each).
+	// Workload is what PolicyFragmentation measures against; nil means
+	// estimated online, as a scheduler would: each task is added
+	// (vgpu.Workload.Add) as it arrives, before it is placed, with a half
+	// life of HalfLife tasks, and the workload knows the nodes' GPUs by
+	// model (vgpu.Workload.SetSupply). PolicyFGD ignores it.
 	Workload *vgpu.Workload
+	// HalfLife is the online workload's half life in tasks; 0 means
+	// DefaultHalfLife, below 0 never forgets.
+	HalfLife float64
 }
+
+// DefaultHalfLife is the half life, in tasks, of the workload
+// PolicyFragmentation estimates online: long enough that the workload's
+// rarer shapes are seen tens of times, short enough to follow a mix that
+// changes over a few thousand pods.
+const DefaultHalfLife = 2000
 
 // Result is the outcome of one replay.
 type Result struct {
@@ -85,6 +104,29 @@ type simNode struct {
 	// freeGPUs is the healthy capacity not in use, in GPUs, as Fit last
 	// reported; a task needing more cannot fit, so Fit is not called.
 	freeGPUs float64
+	// state is the node's state as Fit and the placement rules see it
+	// (see stateKey): nodes of equal state give equal placements and
+	// scores, so place judges only the first of them.
+	state string
+}
+
+// stateKey is what makes n's placements what they are: its GPUs' model,
+// memory and usage in inventory order, and its free CPU and memory.
+func stateKey(n *simNode) string {
+	b := make([]byte, 0, 16+24*len(n.inv.GPUs))
+	b = strconv.AppendInt(b, n.cpuFree, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, n.memFree, 10)
+	for _, g := range n.inv.GPUs {
+		u := n.usage.GPU(g.UUID)
+		b = append(b, '|')
+		b = append(b, g.Model...)
+		for _, v := range []int64{g.SchedulableMemoryMiB, int64(g.CoresPercent), u.MemoryMiB, int64(u.CoresPercent), int64(u.Slices), int64(u.Exclusive)} {
+			b = append(b, ',')
+			b = strconv.AppendInt(b, v, 10)
+		}
+	}
+	return string(b)
 }
 
 // task is a trace task in vgpu terms.
@@ -114,10 +156,15 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 		cfg.SplitCount = DefaultSplitCount
 	}
 	opts := vgpu.FitOptions{NodePolicy: vgpu.Policy(cfg.Policy), GPUPolicy: vgpu.Policy(cfg.Policy)}
-	if cfg.Policy == PolicyRandom {
+	switch cfg.Policy {
+	case PolicyRandom:
 		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyBinpack, GPUPolicy: vgpu.PolicyBinpack}
-	} else if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
-		return Result{}, fmt.Errorf("policy: %w", err)
+	case PolicyFGD:
+		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation}
+	default:
+		if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
+			return Result{}, fmt.Errorf("policy: %w", err)
+		}
 	}
 	res := Result{Policy: cfg.Policy, Seed: cfg.Seed}
 	cluster := make([]simNode, 0, len(nodes))
@@ -129,17 +176,18 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 		return Result{}, ErrNoCapacity
 	}
 	all := make([]task, len(tasks))
-	workload := cfg.Workload
-	if workload == nil {
-		workload = &vgpu.Workload{}
-	}
 	for i, t := range tasks {
 		all[i] = newTask(t)
-		if cfg.Workload == nil {
-			workload.Add(all[i].pod)
-		}
 	}
-	opts.Workload = workload
+	online := cfg.Workload == nil && cfg.Policy == PolicyFragmentation
+	switch {
+	case cfg.Policy == PolicyFGD:
+		opts.Workload = fgdWorkload(all)
+	case online:
+		opts.Workload = onlineWorkload(nodes, cfg.HalfLife)
+	default:
+		opts.Workload = cfg.Workload
+	}
 	var gpuTaskCPU, gpuTaskMilli float64
 	for _, t := range tasks {
 		if t.GPUs > 0 {
@@ -155,10 +203,14 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	order := arrivals(all, rng, float64(res.CapacityMilli)*cfg.Tune)
 
 	var arrived int64
+	judged := map[string]struct{}{}
 	for _, t := range order {
 		res.Arrived++
 		arrived += t.DemandMilli()
-		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng) {
+		if online {
+			opts.Workload.Add(t.pod)
+		}
+		if place(cluster, t, opts, cfg.Policy, cpuPerGPU, rng, judged) {
 			res.Placed++
 			res.AllocatedMilli += t.DemandMilli()
 		} else {
@@ -182,7 +234,9 @@ func newSimNode(n Node, split int) simNode {
 			NUMANode: -1, Health: vgpu.Healthy,
 		})
 	}
-	return simNode{inv: inv, cpuFree: n.CPUMilli, memFree: n.MemoryMiB, freeGPUs: float64(n.GPUs)}
+	sn := simNode{inv: inv, cpuFree: n.CPUMilli, memFree: n.MemoryMiB, freeGPUs: float64(n.GPUs)}
+	sn.state = stateKey(&sn)
+	return sn
 }
 
 // modelMemoryMiB is the memory of the trace's GPU models. Tasks ask for a
@@ -244,7 +298,8 @@ func arrivals(tasks []task, rng *rand.Rand, demand float64) []task {
 }
 
 // place puts t on the best node and reports whether any fitted.
-func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPerGPU float64, rng *rand.Rand) bool {
+func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPerGPU float64, rng *rand.Rand, judged map[string]struct{}) bool {
+	clear(judged)
 	best, seen := -1, 0
 	var bestPlacement vgpu.Placement
 	var bestScore vgpu.NodeScore
@@ -253,6 +308,14 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		n := &cluster[i]
 		if n.cpuFree < t.CPUMilli || n.memFree < t.MemoryMiB || n.freeGPUs < t.need-0.01 {
 			continue
+		}
+		// A node in the state of one judged before places and scores the
+		// same, and loses the tie to it; random placement counts it.
+		if policy != PolicyRandom {
+			if _, ok := judged[n.state]; ok {
+				continue
+			}
+			judged[n.state] = struct{}{}
 		}
 		host := vgpu.HostResources{CPUMilli: n.cpuFree, MemoryMiB: n.memFree}
 		p, err := vgpu.Fit(t.pod, vgpu.NodeState{Inventory: n.inv, Usage: &n.usage, HostFree: &host}, opts)
@@ -294,6 +357,7 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		n.usage.Add(bestPlacement.Allocation, t.pod.Request)
 		n.freeGPUs = float64(bestPlacement.HealthyGPUs) - bestPlacement.UsedAfter
 	}
+	n.state = stateKey(n)
 	return true
 }
 
