@@ -35,15 +35,7 @@ type nodePolicyEnv struct {
 
 func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
 	t.Helper()
-	out, err := h.template("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := parseRender(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rendered{objs: objs}
+	r := renderDefaults(t, h)
 	s := apiserver.Start(t, apiserver.Options{})
 	e := &nodePolicyEnv{admin: kubernetes.NewForConfigOrDie(s.Config())}
 	ctx := policyCtx(t)
@@ -53,7 +45,7 @@ func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	_, err = e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}}, metav1.CreateOptions{})
+	_, err := e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}}, metav1.CreateOptions{})
 	must("create the release namespace", err)
 	sa, ok := findTyped[*corev1.ServiceAccount](r, "ServiceAccount", releaseNamespace, pluginAccount)
 	role, ok2 := findTyped[*rbacv1.ClusterRole](r, "ClusterRole", "", pluginAccount)

@@ -36,10 +36,8 @@ type policyEnv struct {
 	extender kubernetes.Interface // the admin's credentials impersonating extenderUser
 }
 
-// startPolicyEnv renders the chart with its defaults, creates its ValidatingAdmissionPolicy and
-// binding, and the extender's ClusterRole, heartbeat Role and their bindings, in a real API
-// server, and waits until the policy denies.
-func startPolicyEnv(t *testing.T, h helm) *policyEnv {
+// renderDefaults renders the chart with its default values and parses the objects.
+func renderDefaults(t *testing.T, h helm) rendered {
 	t.Helper()
 	out, err := h.template("")
 	if err != nil {
@@ -49,7 +47,15 @@ func startPolicyEnv(t *testing.T, h helm) *policyEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := rendered{objs: objs}
+	return rendered{objs: objs}
+}
+
+// startPolicyEnv renders the chart with its defaults, creates its ValidatingAdmissionPolicy and
+// binding, and the extender's ClusterRole, heartbeat Role and their bindings, in a real API
+// server, and waits until the policy denies.
+func startPolicyEnv(t *testing.T, h helm) *policyEnv {
+	t.Helper()
+	r := renderDefaults(t, h)
 	s := apiserver.Start(t, apiserver.Options{})
 	impersonated := rest.CopyConfig(s.Config())
 	impersonated.Impersonate = rest.ImpersonationConfig{UserName: extenderUser}
