@@ -8,42 +8,41 @@ import (
 	"testing"
 )
 
-func TestSimulate(t *testing.T) {
-	t.Parallel()
+// simulateTestdata runs `gpuslice simulate` on vgpu/simulate's small trace with its published
+// figures and extra flags, and returns what it printed.
+func simulateTestdata(t *testing.T, extra ...string) string {
+	t.Helper()
 	dir := filepath.Join("..", "..", "vgpu", "simulate", "testdata")
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"simulate",
+	args := append([]string{"simulate",
 		"--trace", filepath.Join(dir, "pods.csv"), "--nodes", filepath.Join(dir, "nodes.csv"),
-		"--seeds", "2", "--expected", filepath.Join(dir, "published.csv"),
-	}, &out)
-	if err != nil {
+		"--expected", filepath.Join(dir, "published.csv"),
+	}, extra...)
+	if err := run(context.Background(), args, &out); err != nil {
 		t.Fatalf("run() error = %v\n%s", err, out.String())
 	}
+	return out.String()
+}
+
+func TestSimulate(t *testing.T) {
+	t.Parallel()
+	out := simulateTestdata(t, "--seeds", "2")
 	for _, want := range []string{
 		"trace pods.csv: 40 tasks; nodes nodes.csv: 5 nodes, 23 GPUs; seeds 42..43",
 		"fragmentation", "binpack", "spread", "random", "fgd",
 		"FGD              4.77%",
 	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 }
 
 func TestSimulateVariant(t *testing.T) {
 	t.Parallel()
-	dir := filepath.Join("..", "..", "vgpu", "simulate", "testdata")
-	var out bytes.Buffer
-	err := run(context.Background(), []string{"simulate",
-		"--trace", filepath.Join(dir, "pods.csv"), "--nodes", filepath.Join(dir, "nodes.csv"),
-		"--seeds", "1", "--policy", "fgd,fragmentation", "--variant", "multigpu40",
-		"--expected", filepath.Join(dir, "published.csv"),
-	}, &out)
-	if err != nil {
-		t.Fatalf("run() error = %v\n%s", err, out.String())
-	}
-	if want := "trace pods.csv as multigpu40: "; !strings.Contains(out.String(), want) {
-		t.Errorf("output lacks %q:\n%s", want, out.String())
+	out := simulateTestdata(t, "--seeds", "1", "--policy", "fgd,fragmentation", "--variant", "multigpu40")
+	if want := "trace pods.csv as multigpu40: "; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
 	}
 }
 
