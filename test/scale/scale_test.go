@@ -112,6 +112,17 @@ func harnessConfig(t *testing.T, nodes []scale.NodeSpec) scale.Config {
 	}
 }
 
+// withEnvChart returns hc with the benchmarks' chart settings from the environment:
+// SCALE_PROFILE_PATCH as Config.ProfilePatch and SCALE_CHART_SET (comma-separated helm --set
+// values) added to Config.ChartSet.
+func withEnvChart(hc scale.Config) scale.Config {
+	hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
+	if set := os.Getenv("SCALE_CHART_SET"); set != "" {
+		hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
+	}
+	return hc
+}
+
 // TestSmall runs the harness's smallest configuration, 100 hollow 8-GPU nodes and 300 pods per
 // phase, so that it cannot rot: it prints the figures and fails only on a wrong allocation or a
 // GPU pod that could not be bound at all.
@@ -198,10 +209,7 @@ func TestBenchScale(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout+10*time.Minute)
 		hc := harnessConfig(t, nodes)
-		hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
-		if set := os.Getenv("SCALE_CHART_SET"); set != "" {
-			hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
-		}
+		hc = withEnvChart(hc)
 		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout, Background: background})
 		cancel()
 		if err != nil {
@@ -240,10 +248,7 @@ func TestReplayFGD(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
 	hc := harnessConfig(t, nil)
-	hc.ProfilePatch = os.Getenv("SCALE_PROFILE_PATCH")
-	if set := os.Getenv("SCALE_CHART_SET"); set != "" {
-		hc.ChartSet = append(hc.ChartSet, strings.Split(set, ",")...)
-	}
+	hc = withEnvChart(hc)
 	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: hc, Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
 	if err != nil {
 		t.Fatal(err)
