@@ -211,29 +211,19 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 // its CPU and memory on its node and no GPU usage (an update that removed a
 // pod's last hami.io/ annotation must still remove what it counted).
 func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandlerFuncs {
-	asPod := func(obj any) *corev1.Pod {
-		switch o := obj.(type) {
-		case *corev1.Pod:
-			return o
-		case *podMeta:
-			return &corev1.Pod{ObjectMeta: o.ObjectMeta}
-		}
-		return nil
-	}
 	return handlers(func(obj any) {
-		if m, ok := obj.(*podMeta); ok {
-			st.upsertHost(m.UID, m.NodeName, m.Terminal, m.Host)
-			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: m.ObjectMeta}, m.Terminal) // no allocation: cannot fail
-			return
-		}
-		if p := asPod(obj); p != nil {
-			if err := st.upsertPod(p); err != nil {
-				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(p), "node", p.Spec.NodeName, "err", err.Error())
+		switch o := obj.(type) {
+		case *podMeta:
+			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
+			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: o.ObjectMeta}, o.Terminal) // no allocation: cannot fail
+		case *corev1.Pod:
+			if err := st.upsertPod(o); err != nil {
+				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(o), "node", o.Spec.NodeName, "err", err.Error())
 			}
 		}
 	}, func(obj any) {
-		if p := asPod(obj); p != nil {
-			st.deletePod(p.UID)
+		if o, ok := obj.(metav1.Object); ok {
+			st.deletePod(o.GetUID())
 		}
 	})
 }

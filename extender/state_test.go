@@ -186,6 +186,9 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 		t.Errorf("after the update to metadata only: %d MiB used, want 0", got)
 	}
 	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: meta})
+	if len(st.pods) != 0 || len(st.hosts) != 0 {
+		t.Errorf("after the tombstone: %d pods and %d host entries counted, want none", len(st.pods), len(st.hosts))
+	}
 }
 
 func TestTrim(t *testing.T) {
