@@ -94,10 +94,11 @@ func demandOf(pod *corev1.Pod) (demand, error) {
 
 // verdict is the outcome for one node.
 type verdict struct {
-	// fits is true when the pod fits; score is then its node score, and,
-	// for a bind, allocation is set.
+	// fits is true when the pod fits; score is then its node score scaled
+	// to kube-scheduler's range (its tier), and, for a bind, allocation is
+	// set.
 	fits       bool
-	score      vgpu.NodeScore
+	score      int64
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
 	// found without one (vgpu.FitOptions.ReasonOnly); container then names
@@ -170,7 +171,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 // gets its scaled score, and its allocation when it has containers.
 func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
-		v := verdict{fits: true, score: vgpu.Score(p)}
+		v := verdict{fits: true, score: scaleScore(vgpu.Score(p).Value)}
 		if len(p.Allocation.Containers) > 0 {
 			a := p.Allocation
 			v.allocation = &a

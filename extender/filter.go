@@ -105,7 +105,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
 		if v.fits {
-			if scaleScore(v.score.Value) < tier {
+			if v.score < tier {
 				// Fits, but scores below the best tier: left out, not failed.
 				continue
 			}
@@ -163,14 +163,13 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	return result, nil
 }
 
-// bestTier returns the best score among the fitting verdicts, rendered
-// 0..extenderv1.MaxExtenderPriority as Prioritize renders it; -1 when none
-// fits.
+// bestTier returns the best scaled score (0..extenderv1.MaxExtenderPriority,
+// as Prioritize answers) among the fitting verdicts; -1 when none fits.
 func bestTier(verdicts []verdict) int64 {
 	best := int64(-1)
 	for i := range verdicts {
 		if v := &verdicts[i]; v.fits {
-			best = max(best, scaleScore(v.score.Value))
+			best = max(best, v.score)
 		}
 	}
 	return best
@@ -199,7 +198,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	}
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
-			list[i].Score = scaleScore(v.score.Value)
+			list[i].Score = v.score
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
