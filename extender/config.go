@@ -114,6 +114,15 @@ type Config struct {
 	// FilterResult is which nodes Filter passes for a pod that asks for GPUs: FilterResultBest
 	// (the default) or FilterResultFeasible.
 	FilterResult FilterResult `json:"filterResult"`
+	// Workload is what the fragmentation policy measures free GPU
+	// capacity against: WorkloadOnline (the default) learns it from the
+	// pods the extender sees, as gpuslice simulate does; WorkloadDefault
+	// is vgpu.DefaultWorkload whatever the cluster runs.
+	Workload WorkloadSource `json:"workload"`
+	// WorkloadHalfLife is how many pods later a pod counts half as much
+	// in the online workload, so that it follows a cluster whose mix
+	// changes.
+	WorkloadHalfLife int `json:"workloadHalfLife"`
 }
 
 // FilterResult is which of the nodes where a GPU pod fits Filter passes on to kube-scheduler.
@@ -153,6 +162,8 @@ func DefaultConfig() Config {
 		KubeAPIQPS:         DefaultKubeAPIQPS,
 		KubeAPIBurst:       DefaultKubeAPIBurst,
 		FilterResult:       FilterResultBest,
+		Workload:           WorkloadOnline,
+		WorkloadHalfLife:   DefaultWorkloadHalfLife,
 	}
 }
 
@@ -238,6 +249,12 @@ func (c Config) Validate() error {
 	}
 	if c.FilterResult != FilterResultBest && c.FilterResult != FilterResultFeasible {
 		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the nodes of the best score tier; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
+	}
+	if c.Workload != WorkloadOnline && c.Workload != WorkloadDefault {
+		errs = append(errs, vgpu.InvalidField("workload", string(c.Workload), fmt.Sprintf("must be %q (learnt from the pods the extender sees) or %q (vgpu's default workload)", WorkloadOnline, WorkloadDefault)))
+	}
+	if c.WorkloadHalfLife < 1 || c.WorkloadHalfLife > 10000000 {
+		errs = append(errs, vgpu.InvalidField("workloadHalfLife", fmt.Sprint(c.WorkloadHalfLife), "must be from 1 to 10000000 pods"))
 	}
 	return errors.Join(errs...)
 }

@@ -143,6 +143,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 		return v
 	}
 	opts := s.fitOptions
+	opts.Workload = st.workload
 	opts.Unscored, opts.ReasonOnly = d.forBind, !d.forBind
 	if e := st.pods[d.uid]; e != nil && e.node == name {
 		// A pod's own earlier usage does not count against itself.
@@ -157,13 +158,18 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 		// Turned away by the summary alone: most full nodes.
 		return verdict{reason: r, unresolvable: r == vgpu.ReasonUnhealthy}
 	}
-	if v, ok := n.verdicts.get(d.key, n.gen); ok {
+	// Verdicts found before a new workload snapshot are stale until the
+	// node's summary is rebuilt for it.
+	current := n.summaryWorkload == st.workload
+	if v, ok := n.verdicts.get(d.key, n.gen); ok && current {
 		return v
 	}
 	// Only a bind needs the allocation, and binds fit afresh.
 	opts.NoAllocation = true
 	v := toVerdict(n.summary.Fit(d.pod, opts))
-	n.verdicts.put(d.key, n.gen, v)
+	if current {
+		n.verdicts.put(d.key, n.gen, v)
+	}
 	return v
 }
 

@@ -29,8 +29,8 @@ type Options struct {
 	Client kubernetes.Interface
 	// Clock judges heartbeat age; nil means the real clock.
 	Clock clock.PassiveClock
-	// Workload is what the fragmentation policy measures against; nil
-	// means vgpu.DefaultWorkload(). It is only read.
+	// Workload, when set, is what the fragmentation policy measures
+	// against, whatever Config.Workload says. It is only read.
 	Workload *vgpu.Workload
 	// Registry receives the extender's metrics (docs/metrics.md), served
 	// on GET /metrics. Nil means a new registry with the Go runtime and
@@ -61,6 +61,9 @@ type Scheduler struct {
 	pods atomic.Pointer[cache.Indexer]
 	// synced is set once the informers' first lists are handled.
 	synced atomic.Bool
+	// workload counts arriving pods into the online workload; nil when
+	// the workload is fixed (Options.Workload, Config.Workload default).
+	workload *workloadTracker
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics
@@ -75,18 +78,22 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	var tracker *workloadTracker
 	if opts.Workload == nil {
+		// The online workload starts from the default until pods arrive.
 		opts.Workload = vgpu.DefaultWorkload()
+		if cfg.Workload == WorkloadOnline {
+			tracker = newWorkloadTracker(float64(cfg.WorkloadHalfLife))
+		}
 	}
 	s := &Scheduler{
-		cfg:    cfg,
-		client: opts.Client,
-		clock:  opts.Clock,
-		fitOptions: vgpu.FitOptions{
-			NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy, Workload: opts.Workload,
-		},
-		state: newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
-		binds: bindGate{max: int64(cfg.pendingBinds())},
+		cfg:        cfg,
+		client:     opts.Client,
+		clock:      opts.Clock,
+		fitOptions: vgpu.FitOptions{NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy},
+		state:      newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
+		binds:      bindGate{max: int64(cfg.pendingBinds())},
+		workload:   tracker,
 	}
 	m, err := newMetrics(s, opts.Registry)
 	if err != nil {
@@ -152,7 +159,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	}
 	err := errors.Join(
 		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNode, func(n *corev1.Node) { st.deleteNode(n.Name) })),
-		register(cluster.Core().V1().Pods().Informer(), podHandlers(logger, st)),
+		register(cluster.Core().V1().Pods().Informer(), podHandlers(logger, st, s.podArrival())),
 		register(leases.Coordination().V1().Leases().Informer(), handlers(st.upsertLease, func(l *coordinationv1.Lease) { st.deleteLease(l.Name) })),
 	)
 	if err != nil {
@@ -175,6 +182,9 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger.Info("Informer caches synced; ready")
 	var wg sync.WaitGroup
 	wg.Go(func() { s.retryLoop(ctx) })
+	if s.workload != nil {
+		wg.Go(func() { s.workloadLoop(ctx) })
+	}
 	<-ctx.Done()
 	s.synced.Store(false)
 	wg.Wait()
@@ -206,12 +216,13 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 	}
 }
 
-// podHandlers feeds the pod informer's events to st. A pod the trimmer
-// kept as a podMeta asks for no GPU and carries no allocation: it counts
-// its CPU and memory on its node and no GPU usage (an update that removed a
-// pod's last hami.io/ annotation must still remove what it counted).
-func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandlerFuncs {
-	return handlers(func(obj any) {
+// podHandlers feeds the pod informer's events to st, and each pod added
+// to arrived (nil: none). A pod the trimmer kept as a podMeta asks for no
+// GPU and carries no allocation: it counts its CPU and memory on its node
+// and no GPU usage (an update that removed a pod's last hami.io/
+// annotation must still remove what it counted).
+func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) cache.ResourceEventHandlerFuncs {
+	h := handlers(func(obj any) {
 		switch o := obj.(type) {
 		case *podMeta:
 			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
@@ -226,6 +237,22 @@ func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandle
 			st.deletePod(o.GetUID())
 		}
 	})
+	if arrived != nil {
+		upsert := h.AddFunc
+		h.AddFunc = func(obj any) {
+			arrived(obj)
+			upsert(obj)
+		}
+	}
+	return h
+}
+
+// podArrival is podHandlers' arrived: the online workload's, or nil.
+func (s *Scheduler) podArrival() func(obj any) {
+	if s.workload == nil {
+		return nil
+	}
+	return s.podArrived
 }
 
 // trimmer returns the informers' transform: it drops from each object

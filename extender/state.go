@@ -50,7 +50,9 @@ type clusterState struct {
 	retries         *retries
 	now             func() time.Time
 	heartbeatMaxAge time.Duration
-	// workload is what node summaries measure fragmentation against.
+	// workload is what Fit measures fragmentation against, and node
+	// summaries are measured against it; setWorkload replaces it with a
+	// new snapshot of the online workload. Never modified.
 	workload *vgpu.Workload
 }
 
@@ -81,6 +83,10 @@ type nodeState struct {
 	// summary is inventory and usage laid out for Fit, rebuilt whenever
 	// either changes (refreshLocked).
 	summary *vgpu.NodeSummary
+	// summaryWorkload is the workload summary was measured against; while
+	// it is not clusterState.workload, the summary's fragmentation figures
+	// and the verdicts are stale (setWorkload).
+	summaryWorkload *vgpu.Workload
 	// gen changes whenever usage or inventory changes, so a bind can tell
 	// whether what it checked under the read lock is still current, and
 	// verdicts can tell whether they still hold.
@@ -400,6 +406,7 @@ func (st *clusterState) release(e *podEntry) bool {
 func (st *clusterState) refreshLocked(n *nodeState) {
 	n.gen++
 	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage, HostFree: n.hostFreeLocked()}, st.workload)
+	n.summaryWorkload = st.workload
 }
 
 // usageOf returns a copy of node's usage, for tests and debugging.

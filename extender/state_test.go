@@ -159,7 +159,7 @@ func TestRestart(t *testing.T) {
 // and that such pods are deleted without effect.
 func TestPodHandlersMetadataOnly(t *testing.T) {
 	st := testState()
-	h := podHandlers(klog.Background(), st)
+	h := podHandlers(klog.Background(), st, nil)
 	trim := trimmer(vgpu.ResourceGPU)
 	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 2000, 0).Obj()
 	counted := boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(2000), alloc)
@@ -295,7 +295,7 @@ func testState() *clusterState {
 // not, through the informer's trimmed objects.
 func TestHostFree(t *testing.T) {
 	st := testState()
-	h := podHandlers(klog.Background(), st)
+	h := podHandlers(klog.Background(), st, nil)
 	trim := trimmer(vgpu.ResourceGPU)
 	obj := func(o runtime.Object) any {
 		t.Helper()

@@ -1,6 +1,7 @@
 package vgpu
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -150,6 +151,42 @@ func (w *Workload) Classes() []WorkloadClass {
 		return nil
 	}
 	return slices.Clone(w.classes)
+}
+
+// Len returns how many classes w has.
+func (w *Workload) Len() int {
+	if w == nil {
+		return 0
+	}
+	return len(w.classes)
+}
+
+// Snapshot returns an independent copy of w with at most maxClasses of
+// its classes, the heaviest (ties: the first added), in the order first
+// added, and w's supply and half life. Below 1 keeps every class. A
+// scheduler that counts pods into w while others read it hands the
+// readers snapshots; it can also replace w by one to bound its size, the
+// lightest classes being those it saw least, and longest ago.
+func (w *Workload) Snapshot(maxClasses int) *Workload {
+	out := &Workload{halfLife: w.halfLife, boost: w.boost}
+	keep := make([]int, len(w.classes))
+	for i := range keep {
+		keep[i] = i
+	}
+	if maxClasses > 0 && len(keep) > maxClasses {
+		slices.SortStableFunc(keep, func(a, b int) int {
+			return cmp.Compare(w.classes[b].Weight, w.classes[a].Weight)
+		})
+		keep = keep[:maxClasses]
+		slices.Sort(keep)
+	}
+	for _, i := range keep {
+		c := w.classes[i]
+		c.Models, c.ExcludeModels = slices.Clone(c.Models), slices.Clone(c.ExcludeModels)
+		out.AddClass(c)
+	}
+	out.SetSupply(w.supply)
+	return out
 }
 
 // Add counts one pod: each of its containers that runs with the app

@@ -150,3 +150,39 @@ func TestWorkloadHalfLife(t *testing.T) {
 		t.Errorf("after 5000 pods, weights %v and %v: want the old class forgotten and finite weights", got[0].Weight, got[1].Weight)
 	}
 }
+
+func TestWorkloadSnapshot(t *testing.T) {
+	t.Parallel()
+	w := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 10, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Models: []string{"T4"}, Weight: 3},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 20, Weight: 2},
+		vgpu.WorkloadClass{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Weight: 2},
+	)
+	w.SetSupply(map[string]int{"Tesla T4": 1, "A100": 3})
+	all := w.Snapshot(0)
+	if diff := cmp.Diff(w.Classes(), all.Classes()); diff != "" {
+		t.Errorf("Snapshot(0) classes mismatch (-want +got):\n%s", diff)
+	}
+	t4 := vgputest.Node("t4").GPU("GPU-0", 10000).Model("GPU-0", "Tesla T4").Obj()
+	usage := vgputest.Usage(vgputest.Allocation("t4").Slice("GPU-0", 6000, 0).Obj())
+	node := vgpu.NodeState{Inventory: t4, Usage: usage}
+	if got, want := vgpu.Fragmentation(node, all), vgpu.Fragmentation(node, w); got != want {
+		t.Errorf("Fragmentation() on Snapshot(0) = %v, want %v (supply kept)", got, want)
+	}
+	// The heaviest two, in the order first added; the tie at 2 goes to
+	// the first added.
+	top := w.Snapshot(2).Classes()
+	want := []vgpu.WorkloadClass{w.Classes()[1], w.Classes()[2]}
+	if diff := cmp.Diff(want, top); diff != "" {
+		t.Errorf("Snapshot(2) classes mismatch (-want +got):\n%s", diff)
+	}
+	// Independent: adding to w changes no snapshot.
+	w.Add(vgpu.PodDemand{Request: vgputest.Pod("p").MemoryPercent(10).PodRequest()})
+	if got := all.Classes()[0].Weight; got != 1 {
+		t.Errorf("snapshot weight after Add on the original = %v, want 1", got)
+	}
+	if got := w.Snapshot(0).Len(); got != 4 {
+		t.Errorf("Len() = %d, want 4", got)
+	}
+}

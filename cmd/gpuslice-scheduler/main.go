@@ -107,6 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", cfg.KubeAPIBurst, "API client burst")
 	fs.IntVar(&cfg.PercentageOfNodesToScore, "percentage-of-nodes-to-score", cfg.PercentageOfNodesToScore, "the calling kube-scheduler profile's percentageOfNodesToScore (0: adaptive), to tell when it sends a sample of the nodes")
 	fs.StringVar((*string)(&cfg.FilterResult), "filter-result", string(cfg.FilterResult), "nodes /filter passes for a GPU pod: best (only the best score tier, 0-10; the profile needs no prioritizeVerb) or feasible (every node where it fits, scored by /prioritize)")
+	fs.StringVar((*string)(&cfg.Workload), "workload", string(cfg.Workload), "what the fragmentation policy measures against: online (learnt from the pods seen) or default (vgpu's default workload)")
+	fs.IntVar(&cfg.WorkloadHalfLife, "workload-half-life", cfg.WorkloadHalfLife, "pods after which a pod counts half as much in the online workload")
 	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")
 	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err
