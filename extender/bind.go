@@ -192,6 +192,10 @@ func (s *Scheduler) reserve(node string, d *demand) (*podEntry, error) {
 		uid: d.uid, node: node,
 		raw: raw, alloc: *v.allocation, req: d.pod.Request, reserved: true,
 	}
+	// The pod's CPU and memory count from the reservation on too, so that
+	// the informer's bound pod changes nothing and the node is summarized
+	// once per bind (addLocked), not again when the bind is seen.
+	st.replaceHostLocked(d.uid, hostEntry{node: node, req: d.pod.Host}, d.pod.Host != (vgpu.HostResources{}))
 	st.addLocked(e)
 	return e, nil
 }

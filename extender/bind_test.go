@@ -2,12 +2,14 @@ package extender
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
@@ -181,5 +183,55 @@ func TestBindLostReply(t *testing.T) {
 	e.settled()
 	if got := usageTable(e.s, inv)["n1-GPU-0"].MemoryMiB; got != 4096 {
 		t.Errorf("n1-GPU-0 holds %d MiB, want 4096", got)
+	}
+}
+
+// TestBindCountsHostOnce checks that a bind counts the pod's CPU and
+// memory from its reservation, so that the informer seeing the pod bound
+// changes nothing (the node is summarized once per bind), and that a
+// failed bind leaves none of them counted.
+func TestBindCountsHostOnce(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
+			_, n1 := gpuNode("n1", 1, 16384)
+			node := n1[0].(*corev1.Node)
+			node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
+			node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("32Gi")
+			pod := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(4096).Limit(corev1.ResourceCPU, "2").Obj()
+			client := newFakeClient(objects(n1, []runtime.Object{pod})...)
+			if fail {
+				client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					return a.GetSubresource() == "binding", nil, apierrors.NewInternalError(errors.New("etcd is on fire"))
+				})
+			}
+			e := startEnv(t, testConfig(), client)
+			st := e.s.state
+			read := func() (uint64, vgpu.HostResources) {
+				st.mu.RLock()
+				defer st.mu.RUnlock()
+				n := st.nodes["n1"]
+				return n.gen, *n.hostFreeLocked()
+			}
+			gen, _ := read()
+			got := e.bind(pod, "n1")
+			wantFree := vgpu.HostResources{CPUMilli: 6000, MemoryMiB: 32 << 10}
+			if fail {
+				if got.Error == "" {
+					t.Fatal("bind succeeded against a failing API server")
+				}
+				wantFree.CPUMilli = 8000
+			} else {
+				if got.Error != "" {
+					t.Fatal(got.Error)
+				}
+				e.settled()
+				if g, _ := read(); g != gen+1 {
+					t.Errorf("node generation went from %d to %d over a bind and its confirmation, want one summary rebuilt", gen, g)
+				}
+			}
+			if _, free := read(); free != wantFree {
+				t.Errorf("host free %+v, want %+v", free, wantFree)
+			}
+		})
 	}
 }

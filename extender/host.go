@@ -75,23 +75,36 @@ func (st *clusterState) upsertHost(uid types.UID, node string, isTerminal bool, 
 // setHostLocked replaces uid's host entry by want (none when !counts).
 // Callers hold the write lock.
 func (st *clusterState) setHostLocked(uid types.UID, want hostEntry, counts bool) {
-	if old, ok := st.hosts[uid]; ok {
-		if counts && old == want {
-			return
-		}
-		n := st.nodes[old.node]
-		n.hostRequested = n.hostRequested.Minus(old.req)
-		delete(st.hosts, uid)
+	if n := st.replaceHostLocked(uid, want, counts); n != nil {
 		st.refreshLocked(n)
 	}
+}
+
+// replaceHostLocked is setHostLocked but for the last refresh: it returns
+// the node whose summary the change left stale (nil: none), for a caller
+// that changes more of that node before refreshing it once. Callers hold
+// the write lock.
+func (st *clusterState) replaceHostLocked(uid types.UID, want hostEntry, counts bool) *nodeState {
+	var stale *nodeState
+	if old, ok := st.hosts[uid]; ok {
+		if counts && old == want {
+			return nil
+		}
+		stale = st.nodes[old.node]
+		stale.hostRequested = stale.hostRequested.Minus(old.req)
+		delete(st.hosts, uid)
+	}
 	if !counts {
-		return
+		return stale
 	}
 	n := st.nodeLocked(want.node)
+	if stale != nil && stale != n {
+		st.refreshLocked(stale)
+	}
 	n.hostRequested.CPUMilli += want.req.CPUMilli
 	n.hostRequested.MemoryMiB += want.req.MemoryMiB
 	st.hosts[uid] = want
-	st.refreshLocked(n)
+	return n
 }
 
 // hostFreeLocked is n's allocatable CPU and memory less what its pods

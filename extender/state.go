@@ -397,6 +397,8 @@ func (st *clusterState) release(e *podEntry) bool {
 	if st.pods[e.uid] != e || !e.reserved {
 		return false
 	}
+	// The pod is not seen bound: its host entry is the reservation's.
+	st.replaceHostLocked(e.uid, hostEntry{}, false)
 	st.removeLocked(e)
 	return true
 }

@@ -65,8 +65,9 @@ type ReplayResult struct {
 	// or turned away: the metric at 100% arrived demand.
 	UnallocatedPercent float64
 	// Simulated is vgpu/simulate's replay of the same seed and policy, as `gpuslice simulate`
-	// runs it (fragmentation measured against the trace's own workload); SimulatedDefault the
-	// same with vgpu.DefaultWorkload(), the workload the extender's fragmentation policy uses.
+	// runs it (fragmentation measured against the workload learnt online from the tasks, as the
+	// extender's default workload: online does); SimulatedDefault the same with
+	// vgpu.DefaultWorkload(), as the extender measures with workload: default.
 	Simulated, SimulatedDefault simulate.Result
 	// Elapsed is the real replay's wall time.
 	Elapsed time.Duration
@@ -210,7 +211,7 @@ func WriteReplay(w io.Writer, r ReplayResult) {
 	for _, s := range []struct {
 		name string
 		res  simulate.Result
-	}{{"simulate (trace workload, as gpuslice simulate)", r.Simulated}, {"simulate (vgpu.DefaultWorkload, as the extender)", r.SimulatedDefault}} {
+	}{{"simulate (online workload, as gpuslice simulate and the extender's workload: online)", r.Simulated}, {"simulate (vgpu.DefaultWorkload, as the extender's workload: default)", r.SimulatedDefault}} {
 		fmt.Fprintf(w, "%s: unallocated GPU %.2f%%; %d arrived, %d placed, %d failed; real path − simulator = %+.2f points\n",
 			s.name, s.res.UnallocatedPercent, s.res.Arrived, s.res.Placed, s.res.Failed, r.UnallocatedPercent-s.res.UnallocatedPercent)
 	}
