@@ -101,6 +101,7 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 	if len(req.Containers) == 0 {
 		if !opts.Unscored {
 			s.measure(&p)
+			s.cpuSurplus(&p)
 		}
 		return p, nil
 	}
@@ -180,6 +181,20 @@ func (s *fitState) measure(p *Placement) {
 		p.FragmentationBefore = s.fragModel().node(s, false)
 	}
 	s.baseOnly = false
+}
+
+// cpuSurplus fills p's CPU surplus for a pod without GPUs on a node whose
+// free host CPU is known (Placement.CPUSurplusMilli).
+func (s *fitState) cpuSurplus(p *Placement) {
+	if s.env.hostFree == nil {
+		return
+	}
+	w := s.env.workload
+	if w == nil {
+		w = DefaultWorkload()
+	}
+	p.HasCPUSurplus = true
+	p.CPUSurplusMilli = float64(s.env.hostFree.CPUMilli-s.podHost.CPUMilli) - (float64(p.HealthyGPUs)-p.UsedAfter)*w.CPUPerGPU()
 }
 
 // fragModel returns the fragmentation model of this call, built on first

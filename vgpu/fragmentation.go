@@ -153,6 +153,16 @@ func (w *Workload) Classes() []WorkloadClass {
 	return slices.Clone(w.classes)
 }
 
+// CPUPerGPU is the CPU, in thousandths of a core, that w's pods with GPUs
+// request per GPU of demand (see Add): their CPU over their GPU demand,
+// weights as in w. 0 when w has no such pods or they request no CPU.
+func (w *Workload) CPUPerGPU() float64 {
+	if w == nil || w.gpuWeight <= 0 {
+		return 0
+	}
+	return w.gpuCPU / w.gpuWeight
+}
+
 // Len returns how many classes w has.
 func (w *Workload) Len() int {
 	if w == nil {

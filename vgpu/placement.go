@@ -83,4 +83,12 @@ type Placement struct {
 	// node before and after the pod, in GPUs; both are 0 unless NodePolicy
 	// is PolicyFragmentation.
 	FragmentationBefore, FragmentationAfter float64
+	// CPUSurplusMilli is, for a pod that asks for no GPU on a node whose
+	// free host CPU is known (NodeState.HostFree), the node's free CPU
+	// after the pod less what its free GPU capacity would need at the
+	// workload's CPU per GPU (Workload.CPUPerGPU), in thousandths of a
+	// core: how much CPU the node has beyond what its GPUs' future pods
+	// will want. HasCPUSurplus says it was computed.
+	CPUSurplusMilli float64
+	HasCPUSurplus   bool
 }

@@ -31,8 +31,17 @@ type NodeScore struct {
 //     nothing scores 50 and one that wastes 2 GPUs scores 0. Tie is the
 //     binpack share, for callers that break ties of Raw.
 //
-// A node with no healthy GPU scores 0. Score is pure.
+// Under PolicyFragmentation, a pod that asks for no GPU on a node whose
+// host CPU is known (p.HasCPUSurplus) goes where CPU is most in surplus:
+// Raw is p.CPUSurplusMilli in cores and Value is 50 + Raw, clamped to
+// 0..100, so that CPU-only pods take the CPU that no GPU on the node will
+// want before that which would strand a free GPU. Otherwise a node with
+// no healthy GPU scores 0. Score is pure.
 func Score(p Placement) NodeScore {
+	if p.NodePolicy == PolicyFragmentation && p.HasCPUSurplus {
+		raw := p.CPUSurplusMilli / 1000
+		return NodeScore{Value: int(math.Round(min(max(MaxScore/2+raw, 0), MaxScore))), Raw: raw}
+	}
 	if p.HealthyGPUs == 0 {
 		return NodeScore{}
 	}

@@ -118,3 +118,49 @@ func TestNodeScoreCompare(t *testing.T) {
 		})
 	}
 }
+
+// TestScoreWithoutGPU checks where the fragmentation policy sends a pod
+// that asks for no GPU: where CPU is most in surplus over what the node's
+// free GPU capacity will want, at the workload's CPU per GPU.
+func TestScoreWithoutGPU(t *testing.T) {
+	t.Parallel()
+	// 4 CPUs per GPU of demand: one whole GPU with 4 CPUs.
+	w := vgpu.NewWorkload(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 4000}, Weight: 1})
+	if got := w.CPUPerGPU(); got != 4000 {
+		t.Fatalf("CPUPerGPU() = %v, want 4000", got)
+	}
+	idle := vgputest.Node("idle").GPU("idle-0", 16384).GPU("idle-1", 16384).Obj()
+	full := vgputest.Node("full").GPU("full-0", 16384).GPU("full-1", 16384).Obj()
+	fullUsage := vgputest.Usage(vgputest.Allocation("full").Slice("full-0", 16384, 100).Slice("full-1", 16384, 100).Obj())
+	pod := vgpu.PodDemand{Host: vgpu.HostResources{CPUMilli: 2000}}
+	opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, Workload: w}
+	score := func(inv vgpu.NodeInventory, u *vgpu.NodeUsage, cpu int64) vgpu.NodeScore {
+		t.Helper()
+		p, err := vgpu.Fit(pod, vgpu.NodeState{Inventory: inv, Usage: u, HostFree: &vgpu.HostResources{CPUMilli: cpu, MemoryMiB: 1 << 20}}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vgpu.Score(p)
+	}
+	// idle: 12 CPUs free, 2 free GPUs want 8: surplus 12 − 2 − 8 = 2 cores.
+	// full: 6 CPUs free, no free GPU: surplus 6 − 2 = 4 cores.
+	idleScore, fullScore := score(idle, nil, 12000), score(full, fullUsage, 6000)
+	if want := (vgpu.NodeScore{Value: 52, Raw: 2}); idleScore != want {
+		t.Errorf("idle node: Score() = %+v, want %+v", idleScore, want)
+	}
+	if want := (vgpu.NodeScore{Value: 54, Raw: 4}); fullScore != want {
+		t.Errorf("full node: Score() = %+v, want %+v", fullScore, want)
+	}
+	// A node without GPUs is all surplus; without host figures Score
+	// keeps its GPU measure (no healthy GPU: 0).
+	if got := score(vgpu.NodeInventory{Node: "cpu"}, nil, 6000); got.Raw != 4 {
+		t.Errorf("node without GPUs: Score().Raw = %v, want 4", got.Raw)
+	}
+	p, err := vgpu.Fit(pod, vgpu.NodeState{Inventory: vgpu.NodeInventory{Node: "cpu"}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := vgpu.Score(p); got != (vgpu.NodeScore{}) || p.HasCPUSurplus {
+		t.Errorf("host unknown: Score() = %+v, HasCPUSurplus %v, want zero and false", got, p.HasCPUSurplus)
+	}
+}

@@ -139,11 +139,12 @@ type task struct {
 // Replay places tasks on nodes as Config says and returns the packing
 // metric. Node CPU and host memory are checked before vgpu.Fit, as the
 // kube-scheduler would, and passed to Fit as the node's free host
-// resources. Tasks without GPUs (which gpuslice never sees in a real
-// cluster) go, for every policy but PolicyRandom, to the node where CPU is
-// most in surplus: free CPU after the task, less what the node's free GPU
-// capacity would need at the tasks' average CPU per GPU. Ties go to the
-// earlier node. It is pure and deterministic for a given Config.
+// resources. Tasks without GPUs go, for every policy but PolicyRandom, to
+// the node where CPU is most in surplus: free CPU after the task, less what
+// the node's free GPU capacity would need at the tasks' average CPU per GPU
+// (PolicyFragmentation: vgpu.Score's, at the workload's CPU per GPU, as the
+// extender places such pods when the chart sends them to it). Ties go to
+// the earlier node. It is pure and deterministic for a given Config.
 func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = PolicyBinpack
@@ -327,10 +328,12 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		switch {
 		case policy == PolicyRandom:
 			better = rng.IntN(seen) == 0
-		case t.GPUs == 0:
+		case t.GPUs == 0 && policy != PolicyFragmentation:
 			// Tasks without GPUs go where CPU is most in surplus: free CPU
 			// after the task, less what the node's free GPU capacity would
-			// need at the trace's CPU per GPU.
+			// need at the trace's CPU per GPU. PolicyFragmentation's Score
+			// says the same at its workload's CPU per GPU, as the extender
+			// scores such pods.
 			surplus := float64(n.cpuFree-t.CPUMilli) - (float64(p.HealthyGPUs)-p.UsedAfter)*cpuPerGPU
 			better = best < 0 || surplus > bestSurplus
 			if better {
