@@ -69,10 +69,13 @@ bench-scale: cluster ## Scale harness: plain vs GPU pods to bound on SCALE_NODES
 # make bench-fgd: the seed and policy of the FGD replay.
 FGD_SEED   ?= 42
 FGD_POLICY ?= fragmentation
+# FGD_CPU_TASKS: where the trace's tasks without GPUs go, gpuslice (the gpuslice profile, the
+# extender placing them) or default-scheduler.
+FGD_CPU_TASKS ?= gpuslice
 
 .PHONY: bench-fgd
 bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through kube-scheduler + extender; unallocated GPU beside gpuslice simulate's.
-	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
+	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) FGD_CPU_TASKS=$(FGD_CPU_TASKS) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
 demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).

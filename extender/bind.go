@@ -108,7 +108,15 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	}
 	d.forBind = true
 	if !d.wantsGPU() {
-		return "", s.postBinding(ctx, pod, args.Node, "")
+		// Its CPU and memory count from now on, so that the next pods of a
+		// burst see them taken; if the Binding did land after all, the
+		// informer counts them again when it sees the pod bound.
+		undo := s.state.reserveHost(d.uid, args.Node, d.pod.Host)
+		err := s.postBinding(ctx, pod, args.Node, "")
+		if err != nil {
+			undo()
+		}
+		return "", err
 	}
 	entry, err := s.reserve(args.Node, &d)
 	if err != nil {

@@ -75,6 +75,20 @@ type demand struct {
 // every node and are never counted.
 func (d *demand) wantsGPU() bool { return len(d.pod.Request.Containers) > 0 }
 
+// placesWithoutGPU reports whether Filter and Prioritize judge d, a pod
+// that asks for no GPU, on each node rather than pass it everywhere: under
+// the fragmentation node policy, which sends it where CPU is most in
+// surplus over what the node's free GPUs will want (vgpu.Score).
+// kube-scheduler sends such pods only when the profile's extender manages
+// no resources (the chart's scheduler.extender.placePodsWithoutGPU).
+func (s *Scheduler) placesWithoutGPU(d *demand) bool {
+	policy := d.pod.Constraints.NodePolicy
+	if policy == "" {
+		policy = s.cfg.NodePolicy
+	}
+	return !d.wantsGPU() && policy == vgpu.PolicyFragmentation && s.Ready()
+}
+
 // demandOf reads pod's request and placement annotations. Its error names
 // the invalid values; the pod cannot be placed anywhere.
 func demandOf(pod *corev1.Pod) (demand, error) {
@@ -128,6 +142,10 @@ func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any)
 func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdict {
 	n := s.state.nodes[name]
 	if n == nil || !n.known {
+		if !d.wantsGPU() {
+			// kube-scheduler judges its CPU and memory; unscored.
+			return verdict{fits: true, node: -1}
+		}
 		return rejected(ReasonNodeUnknown, false, "node not in gpuslice-scheduler's cache yet")
 	}
 	v := s.judgeLocked(n, d, now)
@@ -139,7 +157,8 @@ func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdic
 func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict {
 	st := s.state
 	name := n.name
-	if v, ok := s.readinessLocked(n, now); !ok {
+	// A pod without GPUs needs no device plugin.
+	if v, ok := s.readinessLocked(n, now); !ok && d.wantsGPU() {
 		return v
 	}
 	opts := s.fitOptions

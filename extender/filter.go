@@ -88,7 +88,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		for i := range verdicts {
 			verdicts[i] = notSyncedVerdict
 		}
-	case d.wantsGPU():
+	case d.wantsGPU(), s.placesWithoutGPU(&d):
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
 	default:
 		for i := range verdicts {
@@ -193,7 +193,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 		list[i].Host = name
 	}
 	d, err := demandOf(args.Pod)
-	if err != nil || !d.wantsGPU() || !s.Ready() {
+	if err != nil || !d.wantsGPU() && !s.placesWithoutGPU(&d) || !s.Ready() {
 		return list, nil
 	}
 	s.evaluateAll(names, &d, func(i int, v verdict) {

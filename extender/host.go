@@ -80,6 +80,26 @@ func (st *clusterState) setHostLocked(uid types.UID, want hostEntry, counts bool
 	}
 }
 
+// reserveHost counts req on node for pod uid, which Bind is binding there,
+// unless the pod is counted already, and returns what undoes it: the
+// entry is removed unless the informer replaced it meanwhile.
+func (st *clusterState) reserveHost(uid types.UID, node string, req vgpu.HostResources) (undo func()) {
+	want := hostEntry{node: node, req: req}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, had := st.hosts[uid]; had || req == (vgpu.HostResources{}) {
+		return func() {}
+	}
+	st.setHostLocked(uid, want, true)
+	return func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if got, ok := st.hosts[uid]; ok && got == want {
+			st.setHostLocked(uid, hostEntry{}, false)
+		}
+	}
+}
+
 // replaceHostLocked is setHostLocked but for the last refresh: it returns
 // the node whose summary the change left stale (nil: none), for a caller
 // that changes more of that node before refreshing it once. Callers hold

@@ -266,8 +266,8 @@ func (s *Scheduler) podArrival() func(obj any) {
 // fifth of the size of an empty corev1.Pod. Of a Node it keeps its
 // identity, the ready label, the inventory annotation and the allocatable
 // of resource, CPU and memory (not its images, conditions or other
-// status). Of anything else,
-// all but the managed fields.
+// status). Of a Lease it keeps its identity, renewTime and heartbeat
+// annotation. Of anything else, all but the managed fields.
 func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {
@@ -303,6 +303,15 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 				}
 			}
 			return n, nil
+		case *coordinationv1.Lease:
+			// Only heartbeat Leases are watched: the renewal and the
+			// heartbeat annotation are all the extender reads.
+			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace, UID: o.UID, ResourceVersion: o.ResourceVersion}}
+			if v, ok := o.Annotations[vgpu.AnnotationPluginHeartbeat]; ok {
+				l.Annotations = map[string]string{vgpu.AnnotationPluginHeartbeat: v}
+			}
+			l.Spec.RenewTime = o.Spec.RenewTime
+			return l, nil
 		case metav1.Object:
 			o.SetManagedFields(nil)
 		}

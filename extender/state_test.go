@@ -5,12 +5,14 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -263,6 +265,22 @@ func TestTrim(t *testing.T) {
 	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 2 ||
 		trimmedNode.Status.Images != nil || trimmedNode.Status.Conditions != nil {
 		t.Errorf("trimmed node kept what the extender does not read: %+v", trimmedNode)
+	}
+
+	// A heartbeat Lease keeps its renewal and heartbeat annotation: the
+	// state reads the same from it.
+	lease := vgputest.HeartbeatLease("n1", now).Obj()
+	lease.Spec.HolderIdentity = ptr.To("gpuslice-device-plugin-abcde")
+	lease.Spec.LeaseDurationSeconds = ptr.To[int32](40)
+	obj, err = trim(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmedLease := obj.(*coordinationv1.Lease)
+	if !trimmedLease.Spec.RenewTime.Equal(lease.Spec.RenewTime) || trimmedLease.Name != lease.Name ||
+		trimmedLease.Annotations[vgpu.AnnotationPluginHeartbeat] != lease.Annotations[vgpu.AnnotationPluginHeartbeat] ||
+		trimmedLease.Spec.HolderIdentity != nil || trimmedLease.Labels != nil {
+		t.Errorf("trimmed Lease %+v, from %+v: want its name, renewTime and heartbeat annotation only", trimmedLease, lease)
 	}
 }
 

@@ -276,11 +276,22 @@ func checkSchedulerConfig(t *testing.T, f configFile) *kubeschedulerconfigv1.Kub
 			t.Errorf("%s: profile %v sets no percentageOfNodesToScore: kube-scheduler would send the extender only its adaptive sample of the feasible nodes", f.ref, ptrString(p.SchedulerName))
 		}
 	}
+	// The extender judges the hami.io resources: either it manages them, ignored by
+	// kube-scheduler, or (placePodsWithoutGPU, so that it is asked about every pod) it manages
+	// none and every profile's NodeResourcesFit ignores them.
 	var wantManaged []kubeschedulerconfigv1.ExtenderManagedResource
+	var names []string
 	for _, name := range vgpu.Resources() {
 		wantManaged = append(wantManaged, kubeschedulerconfigv1.ExtenderManagedResource{Name: string(name), IgnoredByScheduler: true})
+		names = append(names, string(name))
 	}
-	if diff := cmp.Diff(wantManaged, e.ManagedResources); diff != "" {
+	if len(e.ManagedResources) == 0 {
+		for _, p := range cfg.Profiles {
+			if diff := cmp.Diff(names, fitIgnoredResources(t, f, p)); diff != "" {
+				t.Errorf("%s: profile %v: the extender manages no resource, so NodeResourcesFit must ignore the hami.io ones (-want +got):\n%s", f.ref, ptrString(p.SchedulerName), diff)
+			}
+		}
+	} else if diff := cmp.Diff(wantManaged, e.ManagedResources); diff != "" {
 		t.Errorf("%s: extender managedResources (-want +got):\n%s", f.ref, diff)
 	}
 	return &cfg
@@ -347,4 +358,19 @@ func ptrString(p *string) string {
 		return "<unset>"
 	}
 	return *p
+}
+
+// fitIgnoredResources returns the ignoredResources of profile p's NodeResourcesFit args.
+func fitIgnoredResources(t *testing.T, f configFile, p kubeschedulerconfigv1.KubeSchedulerProfile) []string {
+	for _, pc := range p.PluginConfig {
+		if pc.Name != "NodeResourcesFit" {
+			continue
+		}
+		var args kubeschedulerconfigv1.NodeResourcesFitArgs
+		if err := yaml.UnmarshalStrict(pc.Args.Raw, &args); err != nil {
+			t.Errorf("%s: NodeResourcesFit args: %v", f.ref, err)
+		}
+		return args.IgnoredResources
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/simulate"
 )
@@ -43,16 +44,30 @@ type ReplayConfig struct {
 	Seed   uint64
 	// PodTimeout bounds each pod's wait; 0 means DefaultPodTimeout.
 	PodTimeout time.Duration
+	// CPUTasks is where the tasks without GPUs go: CPUTasksGpuslice (the default) or
+	// CPUTasksDefaultScheduler.
+	CPUTasks string
 }
+
+// Where ReplayConfig.CPUTasks sends the tasks without GPUs.
+const (
+	// CPUTasksGpuslice sends them to the gpuslice profile, with the chart's
+	// scheduler.extender.placePodsWithoutGPU on: the extender places them as the simulator does.
+	CPUTasksGpuslice = "gpuslice"
+	// CPUTasksDefaultScheduler leaves them to default-scheduler, as a cluster does where pods
+	// without GPUs are not sent to the gpuslice profile.
+	CPUTasksDefaultScheduler = "default-scheduler"
+)
 
 // ReplayResult compares the real path with the simulator.
 type ReplayResult struct {
-	// Policy and Seed are the replay's.
-	Policy simulate.Policy
-	Seed   uint64
+	// Policy, Seed and CPUTasks are the replay's.
+	Policy   simulate.Policy
+	Seed     uint64
+	CPUTasks string
 	// Arrived, Placed and Failed count the tasks sent through the real path; GPUPlaced and
-	// GPUFailed the ones that ask for GPUs, CPUPlaced and CPUFailed the others (which the
-	// default-scheduler profile places). TimedOut counts pods neither bound nor marked
+	// GPUFailed the ones that ask for GPUs, CPUPlaced and CPUFailed the others (placed as
+	// CPUTasks says). TimedOut counts pods neither bound nor marked
 	// unschedulable in time (counted as failed).
 	Arrived, Placed, Failed int
 	GPUPlaced, GPUFailed    int
@@ -89,7 +104,14 @@ func Replay(ctx context.Context, cfg ReplayConfig) (res ReplayResult, err error)
 	if cfg.PodTimeout == 0 {
 		cfg.PodTimeout = DefaultPodTimeout
 	}
-	res = ReplayResult{Policy: cfg.Policy, Seed: cfg.Seed}
+	switch cfg.CPUTasks {
+	case "":
+		cfg.CPUTasks = CPUTasksGpuslice
+	case CPUTasksGpuslice, CPUTasksDefaultScheduler:
+	default:
+		return res, fmt.Errorf("replay CPUTasks %q: must be %q or %q", cfg.CPUTasks, CPUTasksGpuslice, CPUTasksDefaultScheduler)
+	}
+	res = ReplayResult{Policy: cfg.Policy, Seed: cfg.Seed, CPUTasks: cfg.CPUTasks}
 	simCfg := simulate.Config{Policy: cfg.Policy, Seed: cfg.Seed}
 	if res.Simulated, err = simulate.Replay(cfg.Rows, cfg.Tasks, simCfg); err != nil {
 		return res, err
@@ -107,6 +129,9 @@ func Replay(ctx context.Context, cfg ReplayConfig) (res ReplayResult, err error)
 	cfg.Harness.Nodes = TraceNodes(cfg.Rows, simulate.DefaultSplitCount, DefaultReplayMaxPods)
 	cfg.Harness.ChartSet = append(cfg.Harness.ChartSet,
 		"scheduler.extender.nodePolicy="+string(cfg.Policy), "scheduler.extender.gpuPolicy="+string(cfg.Policy))
+	if cfg.CPUTasks == CPUTasksGpuslice {
+		cfg.Harness.ChartSet = append(cfg.Harness.ChartSet, "scheduler.extender.placePodsWithoutGPU=true")
+	}
 	h, err := Start(ctx, cfg.Harness)
 	if err != nil {
 		return res, err
@@ -126,6 +151,9 @@ func Replay(ctx context.Context, cfg ReplayConfig) (res ReplayResult, err error)
 			return res, err
 		}
 		p.Namespace = h.cfg.Namespace
+		if t.GPUs == 0 && cfg.CPUTasks == CPUTasksGpuslice {
+			p.Spec.SchedulerName = cluster.SchedulerName
+		}
 		created, err := pods.Create(ctx, p, metav1.CreateOptions{})
 		if err != nil {
 			return res, fmt.Errorf("replay: create pod for task %s: %w", t.Name, err)
@@ -205,7 +233,7 @@ func taskPod(name string, t simulate.Task) (*corev1.Pod, error) {
 
 // WriteReplay writes r beside the simulator's figures.
 func WriteReplay(w io.Writer, r ReplayResult) {
-	fmt.Fprintf(w, "\n== FGD replay through kube-scheduler + extender: policy %s, seed %d ==\n", r.Policy, r.Seed)
+	fmt.Fprintf(w, "\n== FGD replay through kube-scheduler + extender: policy %s, seed %d, tasks without GPUs to %s ==\n", r.Policy, r.Seed, r.CPUTasks)
 	fmt.Fprintf(w, "real path:  unallocated GPU %.2f%% at 100%% arrived demand; %d tasks arrived, %d placed (%d GPU, %d CPU-only), %d failed (%d GPU, %d CPU-only, %d timed out), in %v\n",
 		r.UnallocatedPercent, r.Arrived, r.Placed, r.GPUPlaced, r.CPUPlaced, r.Failed, r.GPUFailed, r.CPUFailed, r.TimedOut, r.Elapsed.Round(time.Second))
 	for _, s := range []struct {

@@ -226,7 +226,8 @@ func TestBenchScale(t *testing.T) {
 
 // TestReplayFGD is make bench-fgd: it runs only when FGD_SEED is set, and replays the FGD trace
 // (beside the repository) through kube-scheduler and the extender with policy FGD_POLICY
-// (default fragmentation), SCALE_PROFILE_PATCH and SCALE_CHART_SET as in TestBenchScale, printing the real path's
+// (default fragmentation), FGD_CPU_TASKS (gpuslice, the default, or default-scheduler: where the
+// tasks without GPUs go), SCALE_PROFILE_PATCH and SCALE_CHART_SET as in TestBenchScale, printing the real path's
 // unallocated-GPU share beside
 // vgpu/simulate's for the same seed. Only a wrong allocation fails it.
 func TestReplayFGD(t *testing.T) {
@@ -249,7 +250,7 @@ func TestReplayFGD(t *testing.T) {
 	defer cancel()
 	hc := harnessConfig(t, nil)
 	hc = withEnvChart(hc)
-	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: hc, Rows: rows, Tasks: tasks, Policy: policy, Seed: seed})
+	res, err := scale.Replay(ctx, scale.ReplayConfig{Harness: hc, Rows: rows, Tasks: tasks, Policy: policy, Seed: seed, CPUTasks: os.Getenv("FGD_CPU_TASKS")})
 	if err != nil {
 		t.Fatal(err)
 	}
