@@ -46,7 +46,8 @@ const (
 // What the chart sets is set as its defaults do, so that the cluster schedules like an install:
 // the client's qps and burst (the chart's scheduler.kubeScheduler.clientQPS/clientBurst, equal to
 // the extender's default kubeAPIQPS/kubeAPIBurst, which the extender here runs with), the
-// gpuslice profile's percentageOfNodesToScore, and no prioritizeVerb (the extender's default
+// gpuslice profile's percentageOfNodesToScore and MostAllocated scoring (scoringStrategy auto
+// under the default binpack policy), and no prioritizeVerb (the extender's default
 // filterResult best passes only the best-scoring nodes); the stock profile keeps
 // kube-scheduler's defaults.
 func schedulerConfig(kubeconfig string, extenderPort int) string {
@@ -63,6 +64,16 @@ profiles:
 - schedulerName: default-scheduler
 - schedulerName: %s
   percentageOfNodesToScore: 0
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - name: cpu
+          weight: 1
+        - name: memory
+          weight: 1
 extenders:
 - urlPrefix: http://127.0.0.1:%d
   filterVerb: filter
