@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -226,14 +227,15 @@ func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) ca
 		switch o := obj.(type) {
 		case *podMeta:
 			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
-			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: o.ObjectMeta}, o.Terminal) // no allocation: cannot fail
+			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: *o.objectMeta()}, o.Terminal) // no allocation: cannot fail
 		case *corev1.Pod:
 			if err := st.upsertPod(o); err != nil {
 				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(o), "node", o.Spec.NodeName, "err", err.Error())
 			}
 		}
 	}, func(obj any) {
-		if o, ok := obj.(metav1.Object); ok {
+		// meta.Accessor reads a podMeta through GetObjectMeta.
+		if o, err := meta.Accessor(obj); err == nil {
 			st.deletePod(o.GetUID())
 		}
 	})

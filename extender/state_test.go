@@ -1,15 +1,18 @@
 package extender
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -231,12 +234,19 @@ func TestTrim(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantMeta := &podMeta{
-		ObjectMeta: metav1.ObjectMeta{Name: plain.Name, Namespace: plain.Namespace, UID: plain.UID, ResourceVersion: "7"},
-		NodeName:   "n1",
-		Host:       vgpu.HostResources{CPUMilli: 2000},
+		Name: plain.Name, Namespace: plain.Namespace, UID: plain.UID, ResourceVersion: "7",
+		NodeName: "n1",
+		Host:     vgpu.HostResources{CPUMilli: 2000},
 	}
 	if diff := cmp.Diff(wantMeta, obj); diff != "" {
 		t.Errorf("trimmed plain pod (-want +got):\n%s", diff)
+	}
+	// The informer's store keys it and reads its identity as it does a Pod's.
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err != nil || key != plain.Namespace+"/"+plain.Name {
+		t.Errorf("store key of the trimmed plain pod = %q, %v; want %q", key, err, plain.Namespace+"/"+plain.Name)
+	}
+	if m, err := meta.Accessor(obj); err != nil || m.GetUID() != plain.UID || m.GetResourceVersion() != "7" {
+		t.Errorf("meta.Accessor of the trimmed plain pod: %v, %v", m, err)
 	}
 
 	inv := vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()
@@ -349,5 +359,16 @@ func TestHostFree(t *testing.T) {
 	h.OnDelete(obj(gpu))
 	if diff := cmp.Diff(&vgpu.HostResources{CPUMilli: 8000, MemoryMiB: 32 << 10}, free()); diff != "" {
 		t.Errorf("one finished, one deleted (-want +got):\n%s", diff)
+	}
+	// Pods kept as a podMeta are deleted by their identity too, tombstones
+	// included.
+	for i, wrap := range []func(any) any{func(o any) any { return o }, func(o any) any { return cache.DeletedFinalStateUnknown{Key: "default/x", Obj: o} }} {
+		p := plain.DeepCopy()
+		p.Name, p.UID = fmt.Sprintf("plain-%d", i), types.UID(fmt.Sprintf("uid-plain-%d", i))
+		h.OnAdd(obj(p), false)
+		h.OnDelete(wrap(obj(p)))
+	}
+	if diff := cmp.Diff(&vgpu.HostResources{CPUMilli: 8000, MemoryMiB: 32 << 10}, free()); diff != "" {
+		t.Errorf("plain pods added and deleted (-want +got):\n%s", diff)
 	}
 }
