@@ -92,18 +92,26 @@ func (s *Scheduler) placesWithoutGPU(d *demand) bool {
 // demandOf reads pod's request and placement annotations. Its error names
 // the invalid values; the pod cannot be placed anywhere.
 func demandOf(pod *corev1.Pod) (demand, error) {
+	d, err := podDemandOf(pod)
+	if err != nil {
+		return demand{}, err
+	}
+	return demand{uid: pod.UID, pod: d, key: fmt.Sprintf("%+v", d)}, nil
+}
+
+// podDemandOf is demandOf's vgpu.PodDemand.
+func podDemandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
 	req, err := vgpu.RequestFromPod(pod)
 	if err != nil {
-		return demand{}, fmt.Errorf("pod %s/%s: invalid GPU request: %w", pod.Namespace, pod.Name, err)
+		return vgpu.PodDemand{}, fmt.Errorf("pod %s/%s: invalid GPU request: %w", pod.Namespace, pod.Name, err)
 	}
 	c, err := vgpu.ConstraintsFromPod(pod)
 	if err != nil {
-		return demand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
+		return vgpu.PodDemand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
 	}
 	// Host is what the fragmentation policy charges the node's CPU and
 	// memory with, beside the GPUs.
-	d := vgpu.PodDemand{Request: req, Constraints: c, Host: vgpu.HostRequestOf(pod)}
-	return demand{uid: pod.UID, pod: d, key: fmt.Sprintf("%+v", d)}, nil
+	return vgpu.PodDemand{Request: req, Constraints: c, Host: vgpu.HostRequestOf(pod)}, nil
 }
 
 // verdict is the outcome for one node.

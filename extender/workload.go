@@ -181,11 +181,11 @@ func (s *Scheduler) podArrived(obj any) {
 		if terminal(o.Status.Phase) {
 			return
 		}
-		d, err := demandOf(o)
+		d, err := podDemandOf(o)
 		if err != nil {
 			return
 		}
-		pod = d.pod
+		pod = d
 	default:
 		return
 	}
