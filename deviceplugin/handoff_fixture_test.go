@@ -143,6 +143,8 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 	cfg.DevicePluginDir = t.TempDir()
 	cfg.CDISpecDir = t.TempDir()
 	cfg.StateDir = t.TempDir()
+	cfg.NVIDIACDISpecs = []string{filepath.Join(t.TempDir(), "nvidia*.yaml")}
+	cfg.MPSDir = t.TempDir()
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -174,7 +176,23 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 		cfg: cfg, inv: inv, pods: f.view, lister: f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
+	f.useFacts(NodeFacts{})
 	return f
+}
+
+// useFacts makes the allocator enforce what the plugin would pick on a
+// node with facts, as Run does: the mechanism and, for driver, the NVIDIA
+// CDI devices found through cfg.NVIDIACDISpecs.
+func (f *handoffFixture) useFacts(facts NodeFacts) {
+	f.t.Helper()
+	mech, _, err := chooseEnforcement(f.cfg, facts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.alloc.enforcement = mech
+	if f.alloc.nvidiaCDI, err = nvidiaCDIDevices(f.cfg.NVIDIACDISpecs, handoffGPUs()); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // gpuPod returns a pod bound to node-1 with allocation alloc (nil: none),
