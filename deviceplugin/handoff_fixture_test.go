@@ -300,6 +300,15 @@ type ociResult struct {
 		Source      string   `json:"source"`
 		Options     []string `json:"options"`
 	} `json:"mounts"`
+	Hooks struct {
+		CreateContainer []ociHook `json:"createContainer"`
+	} `json:"hooks"`
+}
+
+// ociHook is one OCI hook.
+type ociHook struct {
+	Path string   `json:"path"`
+	Args []string `json:"args"`
 }
 
 // inject resolves the qualified CDI device with the CDI library's own
@@ -321,9 +330,9 @@ func (f *handoffFixture) inject(qualified string) ociResult {
 // injectInto calls inject on a new, empty OCI spec and decodes the result.
 // The OCI type is inferred from inject, so the tests need not import the
 // runtime-spec module directly.
-func injectInto[S any](inject func(*S, ...string) ([]string, error), device string) (ociResult, error) {
+func injectInto[S any](inject func(*S, ...string) ([]string, error), devices ...string) (ociResult, error) {
 	var spec S
-	if _, err := inject(&spec, device); err != nil {
+	if _, err := inject(&spec, devices...); err != nil {
 		return ociResult{}, err
 	}
 	data, err := json.Marshal(&spec)

@@ -49,8 +49,8 @@ type publisher struct {
 	nodeReady     string
 	// nodeEnforcement is the Node's vgpu.LabelEnforcement.
 	nodeEnforcement string
-	lease         *coordinationv1.Lease
-	leaseRenewed  time.Time
+	lease           *coordinationv1.Lease
+	leaseRenewed    time.Time
 }
 
 func (p *publisher) run(ctx context.Context) {
