@@ -44,6 +44,11 @@ const (
 	DefaultMPSControl = "nvidia-cuda-mps-control"
 	// DefaultMPSDir is the host folder of the MPS daemons' pipes and logs.
 	DefaultMPSDir = "/run/gpuslice/mps"
+	// MPSShmContainerPath is where an MPS client container gets the shared
+	// memory folder of the daemons (<MPSDir>/shm): MPS servers and clients
+	// share memory through /dev/shm, and the plugin's DaemonSet mounts the
+	// same folder at its own /dev/shm.
+	MPSShmContainerPath = "/dev/shm"
 	// MinDriverMajorForMemoryLimits is the first NVIDIA driver branch
 	// whose NVML sets per-cgroup GPU memory limits (R615).
 	MinDriverMajorForMemoryLimits = 615
@@ -193,7 +198,10 @@ func (a *allocator) enforcementEdits(e *containerEdits, ca vgpu.ContainerAllocat
 		if s.CoresPercent > 0 && s.CoresPercent < vgpu.MaxPercent {
 			e.Env = append(e.Env, envVar{EnvMPSActiveThreadPercentage, strconv.Itoa(s.CoresPercent)})
 		}
-		e.Mounts = append(e.Mounts, hostMount{HostPath: pipe, ContainerPath: pipe, Writable: true})
+		e.Mounts = append(e.Mounts,
+			hostMount{HostPath: pipe, ContainerPath: pipe, Writable: true},
+			hostMount{HostPath: mpsShmDir(a.cfg.MPSDir), ContainerPath: MPSShmContainerPath, Writable: true},
+		)
 	}
 	return true
 }

@@ -168,7 +168,7 @@ func TestEnforcementBackends(t *testing.T) {
 			EnvMPSPipeDirectory: "MPS/gpu1/pipe", EnvMPSPinnedMemoryLimit: "0=6144M", EnvMPSActiveThreadPercentage: "40",
 		},
 		wantNot:    []string{EnvGPUMemoryLimit},
-		wantMounts: []string{"MPS/gpu1/pipe"},
+		wantMounts: []string{"MPS/gpu1/pipe", MPSShmContainerPath},
 		wantEvent:  "Normal GPUEnforcement container main: enforcement mps: the MPS control daemon of GPU " + gpuB + " limits device memory to 6144 MiB and active threads to 40%",
 	}, {
 		name: "mps does not guard two GPUs", facts: mps,
@@ -226,7 +226,7 @@ func TestEnforcementBackends(t *testing.T) {
 				}
 				for _, m := range cresp.GetMounts() {
 					mounts[m.GetContainerPath()] = true
-					if m.GetReadOnly() == strings.HasPrefix(m.GetContainerPath(), f.cfg.MPSDir) {
+					if m.GetReadOnly() == (strings.HasPrefix(m.GetContainerPath(), f.cfg.MPSDir) || m.GetContainerPath() == MPSShmContainerPath) {
 						t.Errorf("mount %s read-only %v, want only the MPS pipe folder writable", m.GetContainerPath(), m.GetReadOnly())
 					}
 				}

@@ -37,6 +37,11 @@ func mpsPipeDir(dir string, index int) string {
 	return filepath.Join(dir, "gpu"+strconv.Itoa(index), "pipe")
 }
 
+// mpsShmDir is the shared memory folder of all MPS daemons and clients.
+func mpsShmDir(dir string) string {
+	return filepath.Join(dir, "shm")
+}
+
 // mpsLogDir is the log folder of the MPS daemon of the GPU at index.
 func mpsLogDir(dir string, index int) string {
 	return filepath.Join(dir, "gpu"+strconv.Itoa(index), "log")
