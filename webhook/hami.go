@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -119,7 +120,7 @@ func renameResources(list corev1.ResourceList, field string, index int, name, ln
 		}
 		if have, set := list[to]; set {
 			if have.Cmp(q) != 0 {
-				problems = append(problems, fmt.Errorf("container %q: %s %s=%s: conflicts with %s=%s, which it would become; set one of them", name, lname, from, q.String(), to, have.String()))
+				problems = append(problems, fmt.Errorf("container %q: %s %s=%s: conflicts with %s=%s, which it would become; set one of them", name, lname, from, plain(q), to, plain(have)))
 				continue
 			}
 			ops = append(ops, JSONPatchOp{Op: "remove", Path: at(r.HAMi)})
@@ -130,4 +131,13 @@ func renameResources(list corev1.ResourceList, field string, index int, name, ln
 		delete(list, from)
 	}
 	return ops, problems
+}
+
+// plain shows a whole quantity as a plain number ("1000", where String
+// says "1k"), any other as String does.
+func plain(q resource.Quantity) string {
+	if v, ok := q.AsInt64(); ok {
+		return strconv.FormatInt(v, 10)
+	}
+	return q.String()
 }
