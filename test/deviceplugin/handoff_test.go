@@ -56,9 +56,18 @@ func newHandoffEnv(t *testing.T, mode deviceplugin.Mode) *handoffEnv {
 // start runs a plugin and waits until the kubelet has all its devices.
 func (h *handoffEnv) start() *runningPlugin {
 	h.t.Helper()
+	return h.startWith(nil)
+}
+
+// startWith is start with configuration changes.
+func (h *handoffEnv) startWith(mutate func(*deviceplugin.Config)) *runningPlugin {
+	h.t.Helper()
 	p := startPluginWith(h.t, h.dir, clientset.New(h.client), func(c *deviceplugin.Config) {
 		c.Mode = h.mode
 		c.PodResourcesSocket = h.socket
+		if mutate != nil {
+			mutate(c)
+		}
 	})
 	if err := h.m.WaitResource(waitCtx(h.t, waitLong), resourceName, allDevices, allDevices); err != nil {
 		h.t.Fatal(err)
@@ -130,12 +139,12 @@ func (h *handoffEnv) startContainer(pod *corev1.Pod, container string) map[strin
 	return env
 }
 
-// injectEnv injects device into an empty OCI spec and returns its env. The
+// injectEnv injects devices into an empty OCI spec and returns its env. The
 // OCI type is inferred from inject, so the test needs no direct import of
 // the runtime-spec module.
-func injectEnv[S any](inject func(*S, ...string) ([]string, error), device string) ([]string, error) {
+func injectEnv[S any](inject func(*S, ...string) ([]string, error), devices ...string) ([]string, error) {
 	var spec S
-	if _, err := inject(&spec, device); err != nil {
+	if _, err := inject(&spec, devices...); err != nil {
 		return nil, err
 	}
 	data, err := json.Marshal(&spec)
