@@ -99,26 +99,9 @@ func TestCgroupVersion(t *testing.T) {
 	}
 }
 
-// nvidiaSpec is an NVIDIA container toolkit CDI spec for the hand-off
-// GPUs, named by index (nvidia-ctk's default), with the memory-limit hook.
-const nvidiaSpec = `cdiVersion: 0.5.0
-kind: nvidia.com/gpu
-devices:
-  - name: "0"
-    containerEdits:
-      env: ["NVIDIA_TOOLKIT_GPU=0"]
-  - name: "1"
-    containerEdits:
-      env: ["NVIDIA_TOOLKIT_GPU=1"]
-  - name: all
-    containerEdits:
-      env: ["NVIDIA_TOOLKIT_GPU=all"]
-containerEdits:
-  hooks:
-    - hookName: createContainer
-      path: /usr/bin/nvidia-cdi-hook
-      args: ["nvidia-cdi-hook", "apply-cuda-memory-limits"]
-`
+// nvidiaSpec is an NVIDIA container toolkit CDI spec with GPUs 0 to 2,
+// named by index (nvidia-ctk's default), and the memory-limit hook.
+var nvidiaSpec = filepath.Join("testdata", "nvidia-toolkit.yaml")
 
 // TestEnforcementBackends runs Allocate and PreStartContainer on a node
 // with each mechanism, in both modes, and checks what the container gets:
@@ -126,7 +109,7 @@ containerEdits:
 // library injects from the specs (mode cdi) or Allocate returns (mode env).
 func TestEnforcementBackends(t *testing.T) {
 	cdiDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(cdiDir, "nvidia.yaml"), []byte(nvidiaSpec), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(cdiDir, "nvidia.yaml"), readFile(t, nvidiaSpec), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	driver := NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}
@@ -294,7 +277,7 @@ func injectAll(t *testing.T, dirs []string, devices ...string) ociResult {
 
 func TestNVIDIACDIDevices(t *testing.T) {
 	dir := t.TempDir()
-	byUUID := strings.NewReplacer(`name: "0"`, `name: "`+gpuA+`"`).Replace(nvidiaSpec)
+	byUUID := strings.NewReplacer(`name: "0"`, `name: "`+gpuA+`"`).Replace(string(readFile(t, nvidiaSpec)))
 	if err := os.WriteFile(filepath.Join(dir, "nvidia-a.yaml"), []byte(byUUID), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -356,4 +339,13 @@ exec sleep 600`)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the supervisor did not stop the daemons")
 	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

@@ -1,7 +1,6 @@
 package deviceplugin
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,31 +9,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
-// toolkitSpec is a CDI spec as NVIDIA's container toolkit writes it for the
-// node's three fake GPUs (devices named by index), with its memory-limit
-// hook.
-const toolkitSpec = `cdiVersion: 0.5.0
-kind: nvidia.com/gpu
-devices:
-  - name: "0"
-    containerEdits: {env: ["TOOLKIT_GPU=0"]}
-  - name: "1"
-    containerEdits: {env: ["TOOLKIT_GPU=1"]}
-  - name: "2"
-    containerEdits: {env: ["TOOLKIT_GPU=2"]}
-containerEdits:
-  hooks:
-    - hookName: createContainer
-      path: /usr/bin/nvidia-cdi-hook
-      args: ["nvidia-cdi-hook", "apply-cuda-memory-limits"]
-`
+// toolkitSpec is a CDI spec as NVIDIA's container toolkit writes it
+// (devices named by index, its memory-limit hook), shared with the
+// device plugin's unit tests.
+var toolkitSpec = filepath.Join("..", "..", "deviceplugin", "testdata", "nvidia-toolkit.yaml")
 
 // TestEnforcementDriverOnTheKubelet: on the real device manager, a node
 // with the driver mechanism and the toolkit's CDI spec hands a container
@@ -46,7 +30,11 @@ func TestEnforcementDriverOnTheKubelet(t *testing.T) {
 	t.Parallel()
 	h := newHandoffEnv(t, deviceplugin.ModeCDI)
 	toolkit := t.TempDir()
-	if err := os.WriteFile(filepath.Join(toolkit, "nvidia.yaml"), []byte(toolkitSpec), 0o600); err != nil {
+	data, err := os.ReadFile(toolkitSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(toolkit, "nvidia.yaml"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	pod := h.createPod("a", time.Now(), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(2), 6144, 0))
@@ -76,19 +64,10 @@ func TestEnforcementDriverOnTheKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resolve %v: %v", devices, err)
 	}
-	for _, want := range []string{deviceplugin.EnvGPUMemoryRequest + "=6144", deviceplugin.EnvGPUMemoryLimit + "=6144", "TOOLKIT_GPU=2", deviceplugin.EnvVisibleDevices + "=" + fakeGPU(2)} {
+	for _, want := range []string{deviceplugin.EnvGPUMemoryRequest + "=6144", deviceplugin.EnvGPUMemoryLimit + "=6144", "NVIDIA_TOOLKIT_GPU=2", deviceplugin.EnvVisibleDevices + "=" + fakeGPU(2)} {
 		if !slices.Contains(env, want) {
 			t.Errorf("container env %v lacks %s", env, want)
 		}
 	}
-	waitUntil(t, waitLong, "a "+deviceplugin.ReasonEnforced+" event naming the driver", func() bool {
-		events, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
-			return e.InvolvedObject.Name == "a" && e.Reason == deviceplugin.ReasonEnforced && e.Type == corev1.EventTypeNormal &&
-				strings.Contains(e.Message, "enforcement driver: the NVIDIA driver limits GPU memory to 6144 MiB")
-		})
-	})
+	h.waitEvent("a", corev1.EventTypeNormal, deviceplugin.ReasonEnforced, "enforcement driver: the NVIDIA driver limits GPU memory to 6144 MiB")
 }

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -302,13 +303,20 @@ func TestHandoffEnv(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), wantErr) {
 		t.Fatalf("starting young = %v, want an error containing %q", err, wantErr)
 	}
-	waitUntil(t, waitLong, "a "+deviceplugin.ReasonAllocationMismatch+" event on pod young", func() bool {
+	h.waitEvent("young", corev1.EventTypeWarning, deviceplugin.ReasonAllocationMismatch, "")
+}
+
+// waitEvent waits until the plugin has recorded an event of type and
+// reason on pod, whose message contains message.
+func (h *handoffEnv) waitEvent(pod, eventType, reason, message string) {
+	h.t.Helper()
+	waitUntil(h.t, waitLong, fmt.Sprintf("a %s %s event on pod %s with %q", eventType, reason, pod, message), func() bool {
 		events, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
 		return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
-			return e.InvolvedObject.Name == "young" && e.Reason == deviceplugin.ReasonAllocationMismatch && e.Type == corev1.EventTypeWarning
+			return e.InvolvedObject.Name == pod && e.Reason == reason && e.Type == eventType && strings.Contains(e.Message, message)
 		})
 	})
 }
