@@ -1,7 +1,6 @@
 package deviceplugin
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,10 +14,10 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
-// toolkitSpec is a CDI spec as NVIDIA's container toolkit writes it
-// (devices named by index, its memory-limit hook), shared with the
-// device plugin's unit tests.
-var toolkitSpec = filepath.Join("..", "..", "deviceplugin", "testdata", "nvidia-toolkit.yaml")
+// toolkitSpecs is the folder of nvidia-toolkit.yaml, a CDI spec as
+// NVIDIA's container toolkit writes it (devices named by index, its
+// memory-limit hook), shared with the device plugin's unit tests.
+var toolkitSpecs = filepath.Join("..", "..", "deviceplugin", "testdata")
 
 // TestEnforcementDriverOnTheKubelet: on the real device manager, a node
 // with the driver mechanism and the toolkit's CDI spec hands a container
@@ -29,12 +28,8 @@ var toolkitSpec = filepath.Join("..", "..", "deviceplugin", "testdata", "nvidia-
 func TestEnforcementDriverOnTheKubelet(t *testing.T) {
 	t.Parallel()
 	h := newHandoffEnv(t, deviceplugin.ModeCDI)
-	toolkit := t.TempDir()
-	data, err := os.ReadFile(toolkitSpec)
+	toolkit, err := filepath.Abs(toolkitSpecs)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(toolkit, "nvidia.yaml"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	pod := h.createPod("a", time.Now(), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(2), 6144, 0))
