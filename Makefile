@@ -52,6 +52,11 @@ test: cluster ## The test command: unit tests, real kubelet/API server tests and
 e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
 
+# make gpu-check runs on machines with NVIDIA GPUs only; without a driver it stops at once.
+.PHONY: gpu-check
+gpu-check: ## On a GPU machine: NVML tests, the device plugin on real NVML against the kubelet device manager, and a report (< 5 min).
+	./hack/gpu-check.sh
+
 # make bench-scale: node counts (comma-separated) and, optionally, pods per phase, plain pods
 # bound before the phases (for memory at a cluster's worth of pods) and a phase deadline.
 SCALE_NODES         ?= 100,1000,5000

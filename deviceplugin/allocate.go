@@ -76,10 +76,19 @@ type allocator struct {
 	// metrics counts Allocate and PreStartContainer results; nil counts
 	// nothing.
 	metrics *pluginMetrics
+	// enforcement is the node's mechanism (chooseEnforcement); empty acts
+	// as none.
+	enforcement vgpu.Enforcement
+	// nvidiaCDI is the NVIDIA toolkit's CDI device of each GPU, by UUID
+	// (nvidiaCDIDevices); used with the driver mechanism.
+	nvidiaCDI map[string]string
 }
 
 // allocate answers Allocate. Mode cdi: one CDI device per container, named
-// after its device IDs (the spec is written at PreStartContainer). Mode
+// after its device IDs (the spec is written at PreStartContainer), and
+// under the driver mechanism the NVIDIA toolkit's CDI devices of its GPUs,
+// so that the runtime merges both specs and runs the toolkit's memory-limit
+// hook. Mode
 // env: the container's environment itself (see allocateEnv). Unknown IDs
 // are an InvalidArgument error naming the ID; nothing is half-answered.
 // Each call is counted in MetricAllocate.
@@ -108,6 +117,9 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 				return nil, err
 			}
 			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(device)}}}
+			for _, name := range a.nvidiaDevicesFor(gpus) {
+				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: name})
+			}
 		}
 		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", device)
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)

@@ -84,10 +84,14 @@ func buildCDISpec(name string, e containerEdits) (*cdispecs.Spec, error) {
 		edits.DeviceNodes = append(edits.DeviceNodes, &cdispecs.DeviceNode{Path: d})
 	}
 	for _, m := range e.Mounts {
+		access := "ro"
+		if m.Writable {
+			access = "rw"
+		}
 		edits.Mounts = append(edits.Mounts, &cdispecs.Mount{
 			HostPath:      m.HostPath,
 			ContainerPath: m.ContainerPath,
-			Options:       []string{"ro", "nosuid", "nodev", "bind"},
+			Options:       []string{access, "nosuid", "nodev", "bind"},
 		})
 	}
 	spec := &cdispecs.Spec{Kind: CDIKind, Devices: []cdispecs.Device{{Name: name, ContainerEdits: edits}}}

@@ -102,10 +102,31 @@ type Config struct {
 	// plugin's DaemonSet must mount its folder. An absolute path.
 	PodResourcesSocket string `json:"podResourcesSocket"`
 	// HostLibVGPU is the host path of HAMi-core's libvgpu.so. When set,
-	// every GPU container gets it read-only at /usr/local/vgpu/libvgpu.so
-	// and an /etc/ld.so.preload that loads it. Empty: no enforcement
-	// library is injected (limits are only published in the environment).
+	// the node qualifies for the hami-core mechanism: every GPU container
+	// under it gets the library read-only at /usr/local/vgpu/libvgpu.so and
+	// an /etc/ld.so.preload that loads it. Empty: no library is injected.
 	HostLibVGPU string `json:"hostLibVGPU,omitempty"`
+	// Enforcement is the mechanism that enforces the slices
+	// (docs/enforcement.md): "auto" (the default) picks the strongest the
+	// node qualifies for, driver, hami-core or mps forces that one, none
+	// enforces nothing. hami-core needs HostLibVGPU; mps needs MPSControl.
+	Enforcement string `json:"enforcement"`
+	// DisabledEnforcement lists mechanisms (driver, hami-core, mps) that
+	// "auto" must not pick.
+	DisabledEnforcement []string `json:"disabledEnforcement,omitempty"`
+	// NVIDIACDISpecs are glob patterns of the NVIDIA container toolkit's
+	// CDI spec files. Under the driver mechanism a container also gets the
+	// NVIDIA CDI device of each of its GPUs found there, so the runtime
+	// applies the toolkit's edits and memory-limit hook. Empty: none.
+	NVIDIACDISpecs []string `json:"nvidiaCDISpecs,omitempty"`
+	// MPSControl is the MPS control binary, a path or a name looked up in
+	// PATH; the node qualifies for mps when it is found.
+	MPSControl string `json:"mpsControl"`
+	// MPSDir is the folder of the MPS daemons' pipes and logs, one
+	// subfolder per GPU; the same path on the host, in the plugin's
+	// container and in GPU containers (their pipe folder is mounted). A
+	// clean absolute path.
+	MPSDir string `json:"mpsDir"`
 	// SharedCacheDir is the folder, inside the container, of the file set
 	// in CUDA_DEVICE_MEMORY_SHARED_CACHE (<dir>/<pod UID>-<container>.cache).
 	SharedCacheDir string `json:"sharedCacheDir"`
@@ -137,6 +158,10 @@ func DefaultConfig() Config {
 		CDISpecDir:         DefaultCDISpecDir,
 		PodResourcesSocket: DefaultPodResourcesSocket,
 		SharedCacheDir:     DefaultSharedCacheDir,
+		Enforcement:        EnforcementAuto,
+		NVIDIACDISpecs:     DefaultNVIDIACDISpecs(),
+		MPSControl:         DefaultMPSControl,
+		MPSDir:             DefaultMPSDir,
 	}
 }
 
@@ -188,12 +213,30 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("podResourcesSocket", c.PodResourcesSocket, "must be a clean absolute path (the kubelet uses "+DefaultPodResourcesSocket+")")
 	case c.HostLibVGPU != "" && !cleanAbs(c.HostLibVGPU):
 		return vgpu.InvalidField("hostLibVGPU", c.HostLibVGPU, "must be empty or the clean absolute host path of HAMi-core's libvgpu.so")
+	case !validEnforcement(c.Enforcement):
+		return vgpu.InvalidField("enforcement", c.Enforcement, "must be auto (the strongest the node has, the default) or one of "+vgpu.EnforcementList())
+	case c.Enforcement == string(vgpu.EnforcementHAMiCore) && c.HostLibVGPU == "":
+		return vgpu.InvalidField("enforcement", c.Enforcement, "needs hostLibVGPU, the host path of HAMi-core's libvgpu.so")
+	case c.Enforcement == string(vgpu.EnforcementMPS) && c.MPSControl == "":
+		return vgpu.InvalidField("enforcement", c.Enforcement, "needs mpsControl, the nvidia-cuda-mps-control binary")
+	case !cleanAbs(c.MPSDir):
+		return vgpu.InvalidField("mpsDir", c.MPSDir, "must be a clean absolute path, the same on the host and in containers (default "+DefaultMPSDir+")")
 	case !cleanAbs(c.SharedCacheDir):
 		return vgpu.InvalidField("sharedCacheDir", c.SharedCacheDir, "must be a clean absolute path inside the container (default "+DefaultSharedCacheDir+")")
 	case c.StateDir != "" && !cleanAbs(c.StateDir):
 		return vgpu.InvalidField("stateDir", c.StateDir, "must be empty (<devicePluginDir>/"+defaultStateSubdir+") or a clean absolute path")
 	case c.HealthAddress != "" && !validHealthAddress(c.HealthAddress):
 		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8090"`)
+	}
+	for _, e := range c.DisabledEnforcement {
+		if m, err := vgpu.ParseEnforcement(e); err != nil || !m.Guards() {
+			return vgpu.InvalidField("disabledEnforcement", e, "each entry must be one of driver, hami-core, mps")
+		}
+	}
+	for _, p := range c.NVIDIACDISpecs {
+		if _, err := filepath.Match(p, ""); err != nil || !filepath.IsAbs(p) {
+			return vgpu.InvalidField("nvidiaCDISpecs", p, "each entry must be an absolute path or glob pattern, e.g. /etc/cdi/nvidia*.yaml")
+		}
 	}
 	for _, g := range c.ExcludeGPUs {
 		if !strings.HasPrefix(g, "GPU-") && !isIndex(g) {

@@ -40,11 +40,11 @@ const (
 	// [{"uuid":"GPU-…","memoryMiB":10240,"coresPercent":30}, …].
 	EnvAllocation = "GPUSLICE_ALLOCATION"
 
-	// LibVGPUContainerPath is where HAMi-core's library is mounted when
-	// Config.HostLibVGPU is set.
+	// LibVGPUContainerPath is where HAMi-core's library is mounted under
+	// the hami-core mechanism (Config.HostLibVGPU).
 	LibVGPUContainerPath = "/usr/local/vgpu/libvgpu.so"
 	// PreloadContainerPath is where the plugin's ld.so.preload file is
-	// mounted when Config.HostLibVGPU is set; it names LibVGPUContainerPath.
+	// mounted under the hami-core mechanism; it names LibVGPUContainerPath.
 	PreloadContainerPath = "/etc/ld.so.preload"
 	// preloadFileName is the ld.so.preload file in Config's state folder.
 	preloadFileName = "ld.so.preload"
@@ -55,9 +55,11 @@ type envVar struct {
 	Name, Value string
 }
 
-// hostMount is a read-only bind mount of a host file into the container.
+// hostMount is a bind mount of a host file or folder into the container,
+// read-only unless Writable.
 type hostMount struct {
 	HostPath, ContainerPath string
+	Writable                bool
 }
 
 // containerEdits is everything a container gets for its slice: written to
@@ -66,8 +68,12 @@ type containerEdits struct {
 	Env    []envVar
 	Mounts []hostMount
 	// DeviceNodes are device paths, the same on the host and in the
-	// container; none with fake GPUs.
+	// container; none with fake GPUs, or when the NVIDIA CDI devices
+	// bring them.
 	DeviceNodes []string
+	// Guarded says the node's enforcement mechanism holds the container
+	// to its slice.
+	Guarded bool
 }
 
 // allocationJSON is the wire form of one slice in EnvAllocation; the field
@@ -78,21 +84,24 @@ type allocationJSON struct {
 	CoresPercent int    `json:"coresPercent"`
 }
 
-// editsFor builds the container edits of container ca of pod. Every slice
-// must name a GPU this node advertises; the error says which does not.
-// Device nodes are left out with fake GPUs, whose /dev files do not exist.
+// editsFor builds the container edits of container ca of pod: the common
+// environment, then what the node's enforcement mechanism adds
+// (enforcementEdits). Every slice must name a GPU this node advertises;
+// the error says which does not. Device nodes are left out with fake GPUs,
+// whose /dev files do not exist, and when the NVIDIA CDI devices bring
+// them.
 func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (containerEdits, error) {
 	var e containerEdits
 	uuids := make([]string, 0, len(ca.GPUs))
 	slices := make([]allocationJSON, 0, len(ca.GPUs))
-	minors := make([]int, 0, len(ca.GPUs))
+	gpus := make([]vgpu.GPU, 0, len(ca.GPUs))
 	for _, s := range ca.GPUs {
 		g, ok := a.inv.gpu(s.UUID)
 		if !ok {
 			return containerEdits{}, fmt.Errorf("container %q: the allocation names GPU %s, which node %s does not advertise", ca.Name, s.UUID, a.cfg.NodeName)
 		}
 		uuids = append(uuids, s.UUID)
-		minors = append(minors, g.Minor)
+		gpus = append(gpus, g)
 		slices = append(slices, allocationJSON{UUID: s.UUID, MemoryMiB: s.MemoryMiB, CoresPercent: s.CoresPercent})
 	}
 	allocation, err := json.Marshal(slices)
@@ -115,15 +124,10 @@ func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (cont
 		envVar{EnvAllocation, string(allocation)},
 	)
 
-	if a.cfg.HostLibVGPU != "" {
-		e.Mounts = []hostMount{
-			{HostPath: a.cfg.HostLibVGPU, ContainerPath: LibVGPUContainerPath},
-			{HostPath: path.Join(a.cfg.EffectiveStateDir(), preloadFileName), ContainerPath: PreloadContainerPath},
-		}
-	}
-	if a.cfg.FakeGPUs == "" {
-		for _, m := range minors {
-			e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidia"+strconv.Itoa(m))
+	e.Guarded = a.enforcementEdits(&e, ca, gpus)
+	if a.cfg.FakeGPUs == "" && a.nvidiaDevicesFor(uuids) == nil {
+		for _, g := range gpus {
+			e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidia"+strconv.Itoa(g.Minor))
 		}
 		// The control nodes every CUDA process needs besides its GPUs.
 		e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

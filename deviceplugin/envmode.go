@@ -72,7 +72,10 @@ func (a *allocator) bindEnv(c pendingContainer, ids []string, device string) (*p
 		resp.Envs[v.Name] = v.Value
 	}
 	for _, m := range edits.Mounts {
-		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: true})
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: !m.Writable})
+	}
+	for _, name := range a.nvidiaDevicesFor(allocationGPUs(c.Alloc)) {
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: name})
 	}
 	return resp, nil
 }

@@ -58,11 +58,13 @@ func TestEnvMode(t *testing.T) {
 				func(f *handoffFixture) { f.podRes.admit("default", "b") }},
 			prefer: true,
 			ids:    []string{DeviceID(gpuB, 0)}, holder: "b", wantEnv: wantEnv("b", gpuB, "6000"),
+			wantEvent: "Normal " + ReasonEnforced + " container main: enforcement none: node node-1 has no enforcement mechanism",
 		},
 		{
 			name:  "no offer: the pending container on those GPUs",
 			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("c", time.Second, gpuA, 5000)},
 			ids:   []string{DeviceID(gpuA, 7)}, holder: "c", wantEnv: wantEnv("c", gpuA, "5000"),
+			wantEvent: "Normal " + ReasonEnforced + " container main:",
 		},
 		{
 			name:  "allocated to one pod, started for another",

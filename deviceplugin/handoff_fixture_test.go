@@ -143,6 +143,8 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 	cfg.DevicePluginDir = t.TempDir()
 	cfg.CDISpecDir = t.TempDir()
 	cfg.StateDir = t.TempDir()
+	cfg.NVIDIACDISpecs = []string{filepath.Join(t.TempDir(), "nvidia*.yaml")}
+	cfg.MPSDir = t.TempDir()
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -174,7 +176,23 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 		cfg: cfg, inv: inv, pods: f.view, lister: f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
+	f.useFacts(NodeFacts{})
 	return f
+}
+
+// useFacts makes the allocator enforce what the plugin would pick on a
+// node with facts, as Run does: the mechanism and, for driver, the NVIDIA
+// CDI devices found through cfg.NVIDIACDISpecs.
+func (f *handoffFixture) useFacts(facts NodeFacts) {
+	f.t.Helper()
+	mech, _, err := chooseEnforcement(f.cfg, facts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.alloc.enforcement = mech
+	if f.alloc.nvidiaCDI, err = nvidiaCDIDevices(f.cfg.NVIDIACDISpecs, handoffGPUs()); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // gpuPod returns a pod bound to node-1 with allocation alloc (nil: none),
@@ -282,6 +300,15 @@ type ociResult struct {
 		Source      string   `json:"source"`
 		Options     []string `json:"options"`
 	} `json:"mounts"`
+	Hooks struct {
+		CreateContainer []ociHook `json:"createContainer"`
+	} `json:"hooks"`
+}
+
+// ociHook is one OCI hook.
+type ociHook struct {
+	Path string   `json:"path"`
+	Args []string `json:"args"`
 }
 
 // inject resolves the qualified CDI device with the CDI library's own
@@ -303,9 +330,9 @@ func (f *handoffFixture) inject(qualified string) ociResult {
 // injectInto calls inject on a new, empty OCI spec and decodes the result.
 // The OCI type is inferred from inject, so the tests need not import the
 // runtime-spec module directly.
-func injectInto[S any](inject func(*S, ...string) ([]string, error), device string) (ociResult, error) {
+func injectInto[S any](inject func(*S, ...string) ([]string, error), devices ...string) (ociResult, error) {
 	var spec S
-	if _, err := inject(&spec, device); err != nil {
+	if _, err := inject(&spec, devices...); err != nil {
 		return ociResult{}, err
 	}
 	data, err := json.Marshal(&spec)

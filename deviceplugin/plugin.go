@@ -45,6 +45,10 @@ type Options struct {
 	// plugin's own metrics, and New fails if they are already registered
 	// there.
 	Registry *prometheus.Registry
+	// Facts are what the node offers for enforcement (DetectNodeFacts, or
+	// fake GPUs'); they decide Config.Enforcement "auto". The zero value
+	// offers nothing beyond Config.HostLibVGPU.
+	Facts NodeFacts
 }
 
 // Plugin is the node agent for one resource. Create it with New and run it
@@ -131,7 +135,10 @@ func (p *Plugin) setRegistration(r registration) {
 // Run serves and registers until ctx ends, then stops the server, removes
 // its socket, marks the node not ready and returns nil. It returns an error
 // only when it cannot start at all (GPU listing fails, the device-plugin,
-// state or CDI spec folder cannot be used). In the background it watches
+// state or CDI spec folder cannot be used, a forced enforcement mechanism
+// is missing). It picks the node's enforcement mechanism (Config.Enforcement,
+// Options.Facts), publishes it with the inventory and, for mps, supervises
+// one MPS control daemon per GPU. In the background it watches
 // the node's pods (with Options.Client) and collects stale CDI specs.
 func (p *Plugin) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("resource", p.cfg.ResourceName, "node", p.cfg.NodeName)
@@ -145,9 +152,19 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	mech, qualified, err := chooseEnforcement(p.cfg, p.opts.Facts)
+	if err != nil {
+		return err
+	}
+	inv.node.Enforcement = mech
 	p.inv.Store(inv)
 	node, _, _ := inv.snapshot()
 	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "devices", len(node.GPUs)*p.cfg.SplitCount)
+	logger.Info("Enforcement", "mechanism", mech, "qualifies", QualifiedEnforcements(p.cfg, p.opts.Facts),
+		"driverVersion", p.opts.Facts.DriverVersion, "cgroupVersion", p.opts.Facts.CgroupVersion, "mpsControl", p.opts.Facts.MPSControl)
+	if !qualified {
+		logger.Info("Warning: the enforcement mechanism is forced on a node that does not qualify for it", "mechanism", mech)
+	}
 
 	if err := os.MkdirAll(p.cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device-plugin folder: %w", err)
@@ -175,11 +192,24 @@ func (p *Plugin) Run(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	alloc.enforcement = mech
+	if mech == vgpu.EnforcementDriver {
+		found, err := nvidiaCDIDevices(p.cfg.NVIDIACDISpecs, node.GPUs)
+		if err != nil {
+			logger.Error(err, "Reading the NVIDIA CDI specs")
+		}
+		alloc.nvidiaCDI = found
+		logger.Info("NVIDIA CDI devices", "found", len(found), "gpus", len(node.GPUs))
+	}
 	wg.Go(func() {
 		<-ctx.Done()
 		release()
 	})
 	wg.Go(func() { alloc.runGC(ctx) })
+	if mech == vgpu.EnforcementMPS {
+		mps := &mpsDaemons{binary: p.opts.Facts.MPSControl, dir: p.cfg.MPSDir, gpus: node.GPUs, clock: p.opts.Clock, restartInitial: mpsRestartInitial}
+		wg.Go(func() { mps.run(ctx) })
+	}
 
 	for round := 1; ctx.Err() == nil; round++ {
 		if err := p.serveRound(ctx, round, inv, alloc, dir); err != nil {

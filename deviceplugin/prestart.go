@@ -19,7 +19,9 @@ import (
 // start of a container (restarts included) with its device IDs. It finds
 // the container that holds exactly those IDs through the PodResources API,
 // then, in mode cdi, writes the CDI spec of that container's slice; in
-// mode env, checks that Allocate answered for that same container. Any
+// mode env, checks that Allocate answered for that same container. A start
+// that goes ahead gets a Normal event naming the enforcement mechanism that
+// guards the container (ReasonEnforced). Any
 // failure fails this start (the kubelet retries) with an error saying why,
 // and a Warning event on the pod when the pod is known. It returns within
 // the start budget, below the kubelet's 30 s timeout. Each call is counted
@@ -53,7 +55,11 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 		return resultOf(err), err
 	}
 	if a.cfg.Mode == ModeEnv {
-		err = a.verifyBinding(ref, ids)
+		if err = a.verifyBinding(ref, ids); err == nil {
+			if pod, ca, perr := a.podAllocation(ctx, ref); perr == nil {
+				a.reportEnforcement(ref, pod, ca)
+			}
+		}
 	} else {
 		err = a.writeSpec(ctx, ref, ids, gpus)
 	}
@@ -88,7 +94,8 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", CDIQualifiedName(name), err)
 	}
-	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids)
+	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids, "enforcement", a.enforcement, "guarded", edits.Guarded)
+	a.reportEnforcement(ref, pod, ca)
 	return nil
 }
 

@@ -47,8 +47,10 @@ type publisher struct {
 	nodeUID       types.UID
 	nodeInventory string
 	nodeReady     string
-	lease         *coordinationv1.Lease
-	leaseRenewed  time.Time
+	// nodeEnforcement is the Node's vgpu.LabelEnforcement.
+	nodeEnforcement string
+	lease           *coordinationv1.Lease
+	leaseRenewed    time.Time
 }
 
 func (p *publisher) run(ctx context.Context) {
@@ -107,7 +109,7 @@ func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg 
 		ready = "true"
 	}
 	syncNode := func() error {
-		if err := p.syncNode(ctx, inventory, ready); err != nil {
+		if err := p.syncNode(ctx, inventory, ready, string(node.Enforcement)); err != nil {
 			p.nodeKnown = false
 			return err
 		}
@@ -136,10 +138,10 @@ func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg 
 	return syncLease()
 }
 
-// syncNode patches the Node's inventory annotation and ready label when
-// they differ from what the Node holds. It reads the Node only when its
-// state is unknown (start, after an error).
-func (p *publisher) syncNode(ctx context.Context, inventory, ready string) error {
+// syncNode patches the Node's inventory annotation, ready label and
+// enforcement label when they differ from what the Node holds. It reads
+// the Node only when its state is unknown (start, after an error).
+func (p *publisher) syncNode(ctx context.Context, inventory, ready, enforcement string) error {
 	if !p.nodeKnown {
 		n, err := p.client.GetNode(ctx, p.cfg.NodeName)
 		if err != nil {
@@ -147,11 +149,15 @@ func (p *publisher) syncNode(ctx context.Context, inventory, ready string) error
 		}
 		p.remember(n)
 	}
-	if p.nodeInventory == inventory && p.nodeReady == ready {
+	if p.nodeInventory == inventory && p.nodeReady == ready && p.nodeEnforcement == enforcement {
 		return nil
 	}
+	labels := map[string]string{vgpu.LabelGPUReady: ready}
+	if enforcement != "" {
+		labels[vgpu.LabelEnforcement] = enforcement
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"labels":      map[string]string{vgpu.LabelGPUReady: ready},
+		"labels":      labels,
 		"annotations": map[string]string{vgpu.AnnotationNodeInventory: inventory},
 	}})
 	if err != nil {
@@ -170,6 +176,7 @@ func (p *publisher) remember(n *corev1.Node) {
 	p.nodeUID = n.UID
 	p.nodeInventory = n.Annotations[vgpu.AnnotationNodeInventory]
 	p.nodeReady = n.Labels[vgpu.LabelGPUReady]
+	p.nodeEnforcement = n.Labels[vgpu.LabelEnforcement]
 }
 
 // syncLease creates or renews the heartbeat Lease. The heartbeat annotation

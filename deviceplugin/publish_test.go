@@ -142,11 +142,13 @@ func (b staticBackend) WatchHealth(ctx context.Context, _ chan<- vgpu.HealthEven
 
 func TestPublisher(t *testing.T) {
 	f := newPublishFixture(t)
+	f.inv.node.Enforcement = vgpu.EnforcementMPS
 	f.start()
 
-	f.waitFor("inventory, label false and an unregistered heartbeat", func(n *corev1.Node, hb vgpu.PluginHeartbeat, _ time.Time) bool {
+	f.waitFor("inventory, labels ready false and enforcement mps, an unregistered heartbeat", func(n *corev1.Node, hb vgpu.PluginHeartbeat, _ time.Time) bool {
 		inv, err := vgpu.ParseNodeInventory(n.Annotations[vgpu.AnnotationNodeInventory])
-		return err == nil && len(inv.GPUs) == 3 && n.Labels[vgpu.LabelGPUReady] == "false" && hb.Node == "node-1" && !hb.Registered
+		return err == nil && len(inv.GPUs) == 3 && inv.Enforcement == vgpu.EnforcementMPS && n.Labels[vgpu.LabelGPUReady] == "false" &&
+			n.Labels[vgpu.LabelEnforcement] == string(vgpu.EnforcementMPS) && hb.Node == "node-1" && !hb.Registered
 	})
 	f.plugin.setRegistration(registration{Registered: true, Since: f.clock.Now(), Socket: "gpuslice.sock"})
 	f.waitFor("label true and a registered heartbeat", func(n *corev1.Node, hb vgpu.PluginHeartbeat, _ time.Time) bool {

@@ -219,7 +219,7 @@ func toVerdict(p vgpu.Placement, err error) verdict {
 	}
 	v := verdict{reason: fe.Reason, message: fe.Message, container: fe.Container}
 	switch fe.Reason {
-	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
+	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID, vgpu.ReasonEnforcement:
 		v.unresolvable = true
 	}
 	return v

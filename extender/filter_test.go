@@ -345,3 +345,30 @@ func TestFilterPodErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestFilterEnforcement: a pod that requires enforcement passes only the
+// nodes whose published mechanism guards it; the others fail with the
+// need, as unresolvable (evicting pods cannot add a mechanism).
+func TestFilterEnforcement(t *testing.T) {
+	guarded := vgputest.Node("guarded").GPU("guarded-GPU-0", 16384).Enforcement(vgpu.EnforcementDriver).Obj()
+	bare := vgputest.Node("bare").GPU("bare-GPU-0", 16384).Enforcement(vgpu.EnforcementNone).Obj()
+	var objs []runtime.Object
+	for _, inv := range []vgpu.NodeInventory{guarded, bare} {
+		objs = append(objs, vgputest.PublishedNode(inv).Obj(), vgputest.HeartbeatLease(inv.Node, now.Add(-5*time.Second)).Obj())
+	}
+	e := newEnv(t, testConfig(), objs...)
+
+	pod := vgputest.Pod("p").Annotation(vgpu.AnnotationEnforcement, "required").Container("main").GPU(1).MemoryMiB(1024).Obj()
+	want := extenderv1.ExtenderFilterResult{
+		NodeNames:                  &[]string{"guarded"},
+		FailedNodes:                extenderv1.FailedNodesMap{},
+		FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{"bare": "GPU limits not enforced: hami.io/enforcement=required needs a mechanism that guards on 1 GPU"},
+	}
+	if diff := cmp.Diff(want, e.filter(pod, "guarded", "bare")); diff != "" {
+		t.Errorf("filter (-want +got):\n%s", diff)
+	}
+	plain := vgputest.Pod("q").Container("main").GPU(1).MemoryMiB(1024).Obj()
+	if diff := cmp.Diff([]string{"guarded", "bare"}, *e.filter(plain, "guarded", "bare").NodeNames); diff != "" {
+		t.Errorf("a pod without the requirement (-want +got):\n%s", diff)
+	}
+}

@@ -86,7 +86,7 @@ var cures = [changeKinds][]rejectClass{
 // classOf is the rejection class of a verdict's reason.
 func classOf(r vgpu.Reason) rejectClass {
 	switch r {
-	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID:
+	case vgpu.ReasonUnhealthy, vgpu.ReasonModel, vgpu.ReasonUUID, vgpu.ReasonEnforcement:
 		return classInventory
 	case vgpu.ReasonNoFreeSlice, vgpu.ReasonInsufficientMemory, vgpu.ReasonInsufficientCores, vgpu.ReasonNUMA:
 		return classCapacity

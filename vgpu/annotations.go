@@ -25,6 +25,11 @@ const (
 	// scheduler extender reads it (ParseNodeInventory) on every Filter,
 	// Score and Bind. A Node without it has no GPUs to offer.
 	AnnotationNodeInventory = "hami.io/node-gpu-inventory"
+	// LabelEnforcement is on each Node: the mechanism that enforces its
+	// GPU slices (Enforcement), the same as the inventory's. The device
+	// plugin sets it with the inventory; people and node selectors read
+	// it. Missing means not reported.
+	LabelEnforcement = "hami.io/enforcement"
 	// LabelGPUReady is on each Node, "true" or "false" (EncodeReadyLabel).
 	// The device plugin sets "true" once its Register RPC succeeded and
 	// "false" when it loses registration (kubelet restart, socket gone) or
@@ -87,6 +92,11 @@ const (
 	// chosen inside a node) for this pod; same values as
 	// AnnotationNodePolicy.
 	AnnotationGPUPolicy = "hami.io/gpu-policy"
+	// AnnotationEnforcement asks that the pod's slices be enforced:
+	// "required" admits only nodes whose mechanism guards every container
+	// of the pod; "driver", "hami-core" or "mps" admits only nodes with
+	// that mechanism. The same key as LabelEnforcement, on the Pod.
+	AnnotationEnforcement = "hami.io/enforcement"
 )
 
 const (
@@ -120,6 +130,9 @@ func EncodeNodeInventory(n NodeInventory) (string, error) {
 		Version: CurrentVersion, Node: &n.Node, SplitCount: &n.SplitCount,
 		MemoryScaling: &n.MemoryScaling, GPUs: make([]gpuV1, 0, len(n.GPUs)),
 	}
+	if n.Enforcement != "" {
+		w.Enforcement = (*string)(&n.Enforcement)
+	}
 	for _, g := range n.GPUs {
 		w.GPUs = append(w.GPUs, gpuV1{
 			UUID: &g.UUID, Index: &g.Index, Minor: &g.Minor, Model: &g.Model,
@@ -143,6 +156,9 @@ func ParseNodeInventory(s string) (NodeInventory, error) {
 		Node:          need(&r, w.Node, "node"),
 		SplitCount:    need(&r, w.SplitCount, "splitCount"),
 		MemoryScaling: need(&r, w.MemoryScaling, "memoryScaling"),
+	}
+	if w.Enforcement != nil {
+		n.Enforcement = Enforcement(*w.Enforcement)
 	}
 	r.slice(w.GPUs == nil, "gpus")
 	for i, g := range w.GPUs {
@@ -287,15 +303,19 @@ func ParsePodAllocation(s string) (PodAllocation, error) {
 	return a, nil
 }
 
-// Wire forms, version 1. Every field is required: pointers and nil slices
-// tell a missing (or null) field from a zero one. Field names are frozen.
+// Wire forms, version 1. Every field is required unless marked optional:
+// pointers and nil slices tell a missing (or null) field from a zero one.
+// Field names are frozen.
 
 type nodeInventoryV1 struct {
 	Version       int      `json:"version"`
 	Node          *string  `json:"node"`
 	SplitCount    *int     `json:"splitCount"`
 	MemoryScaling *float64 `json:"memoryScaling"`
-	GPUs          []gpuV1  `json:"gpus"`
+	// Enforcement is optional: inventories written before it existed lack
+	// it, and read as the empty Enforcement.
+	Enforcement *string `json:"enforcement,omitempty"`
+	GPUs        []gpuV1 `json:"gpus"`
 }
 
 type gpuV1 struct {

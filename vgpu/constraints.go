@@ -75,6 +75,9 @@ type Constraints struct {
 	NodePolicy Policy
 	// GPUPolicy overrides the global GPU policy; "" keeps it.
 	GPUPolicy Policy
+	// Enforcement is what the pod asks of the node's enforcement
+	// mechanism (AnnotationEnforcement).
+	Enforcement EnforcementRequirement
 }
 
 // AnnotationError is one invalid placement annotation. ParseConstraints
@@ -108,7 +111,7 @@ func ConstraintsFromPod(pod *corev1.Pod) (Constraints, error) {
 }
 
 // ParseConstraints reads the placement annotations (AnnotationGPUModel …
-// AnnotationGPUPolicy) from annotations; other keys are ignored. Lists are
+// AnnotationGPUPolicy, AnnotationEnforcement) from annotations; other keys are ignored. Lists are
 // comma-separated; blanks around items are trimmed and empty items
 // dropped, so "A100, H100," is two models. On any invalid value it returns
 // a zero Constraints and every problem at once (errors.Join of
@@ -138,6 +141,13 @@ func ParseConstraints(annotations map[string]string) (Constraints, error) {
 			errs = append(errs, &AnnotationError{Key: k.key, Value: v, Allowed: "must be one of " + PolicyList()})
 		}
 		*k.dst = p
+	}
+	if v := annotations[AnnotationEnforcement]; v != "" {
+		r, ok := parseEnforcementRequirement(v)
+		if !ok {
+			errs = append(errs, &AnnotationError{Key: AnnotationEnforcement, Value: v, Allowed: enforcementAllowed})
+		}
+		c.Enforcement = r
 	}
 	if len(errs) > 0 {
 		return Constraints{}, errors.Join(errs...)

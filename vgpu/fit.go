@@ -28,6 +28,10 @@ const (
 	// ReasonNUMA means enough GPUs fit, but no NUMA node has enough of them for
 	// a container that asked for NUMA binding.
 	ReasonNUMA Reason = "NUMA"
+	// ReasonEnforcement means the pod asks for its slices to be enforced
+	// (AnnotationEnforcement) and the node's mechanism does not guard one
+	// of its containers.
+	ReasonEnforcement Reason = "Enforcement"
 )
 
 // FitError says why a pod does not fit a node. Fit returns it as the only
@@ -62,7 +66,9 @@ func (e *FitError) Error() string {
 // SchedulableMemoryMiB rounded down; whole-GPU containers take all of it)
 // and its compute (CoresPercent, counted against the GPU's CoresPercent; 0
 // reserves none). With NUMABind, all GPUs of a container share a NUMA
-// node. The pod's containers are counted by phase, as NodeUsage describes:
+// node. A pod that asks for enforcement (Constraints.Enforcement) fits
+// only a node whose mechanism guards each of its containers. The pod's
+// containers are counted by phase, as NodeUsage describes:
 // regular init containers may reuse what the app containers hold.
 //
 // Among GPUs that fit, the GPU policy picks (binpack: most used first;
@@ -113,6 +119,9 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 		chosen = make([]span, 0, len(req.Containers))
 	}
 	chosen = chosen[:len(req.Containers)]
+	if err := s.checkEnforcement(c.Enforcement); err != nil {
+		return Placement{}, err
+	}
 	// Sidecars and app containers first, then regular init containers.
 	app := s.ph.count - 1
 	for _, appPhase := range []bool{true, false} {

@@ -106,6 +106,8 @@ func NeedMessage(pod PodDemand, fe *FitError) string {
 		msg = fmt.Sprintf("insufficient cores: needs %d%% on %s", cr.CoresPercent, each(k))
 	case ReasonNUMA:
 		msg = fmt.Sprintf("no NUMA node has %d fitting GPUs for hami.io/numa-bind", k)
+	case ReasonEnforcement:
+		msg = fmt.Sprintf("GPU limits not enforced: %s=%s needs %s on %s", AnnotationEnforcement, c.Enforcement, enforcementWanted(c.Enforcement), gpus(k))
 	default:
 		msg = string(fe.Reason)
 	}
@@ -285,4 +287,39 @@ func isAre(n int) string {
 		return "is"
 	}
 	return "are"
+}
+
+// checkEnforcement returns the FitError of the first container, in request
+// order, that the node's mechanism does not guard as r asks, or nil.
+func (s *fitState) checkEnforcement(r EnforcementRequirement) error {
+	if !r.Required {
+		return nil
+	}
+	have := s.node.Enforcement
+	for ci, cr := range s.req.Containers {
+		if r.admits(have, cr.GPUs) {
+			continue
+		}
+		if s.reasonOnly {
+			return &FitError{Reason: ReasonEnforcement, Container: ci}
+		}
+		shown := string(have)
+		if shown == "" {
+			shown = "not reported"
+		}
+		msg := fmt.Sprintf("GPU limits not enforced: %s=%s needs %s on %s, node's mechanism is %s", AnnotationEnforcement, r, enforcementWanted(r), gpus(cr.GPUs), shown)
+		if have == EnforcementMPS && cr.GPUs > 1 {
+			msg += " (an MPS client reaches one GPU)"
+		}
+		return &FitError{Reason: ReasonEnforcement, Container: ci, Message: s.prefix(ci) + msg}
+	}
+	return nil
+}
+
+// enforcementWanted says in words what r accepts.
+func enforcementWanted(r EnforcementRequirement) string {
+	if r.Mechanism != "" {
+		return "mechanism " + string(r.Mechanism)
+	}
+	return "a mechanism that guards"
 }

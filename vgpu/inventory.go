@@ -20,6 +20,9 @@ type NodeInventory struct {
 	// memory to get SchedulableMemoryMiB: 1 is none, above 1 overcommits.
 	// Informational: schedulers use SchedulableMemoryMiB. Always > 0.
 	MemoryScaling float64
+	// Enforcement is the mechanism that enforces the node's slices; empty
+	// when the device plugin did not report one (an older plugin).
+	Enforcement Enforcement
 	// GPUs are the node's GPUs in the device plugin's order (by Index).
 	// Empty means the node has no usable GPU.
 	GPUs []GPU
@@ -61,6 +64,11 @@ func (n NodeInventory) Validate() error {
 	}
 	if !(n.MemoryScaling > 0) || math.IsInf(n.MemoryScaling, 0) {
 		errs = append(errs, fmt.Errorf("memoryScaling=%v: must be a finite number above 0", n.MemoryScaling))
+	}
+	if n.Enforcement != "" {
+		if _, err := ParseEnforcement(string(n.Enforcement)); err != nil {
+			errs = append(errs, fmt.Errorf("enforcement=%q: must be one of %s, or absent", n.Enforcement, EnforcementList()))
+		}
 	}
 	uuids := make(map[string]int, len(n.GPUs))
 	indexes := make(map[int]int, len(n.GPUs))

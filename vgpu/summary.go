@@ -138,7 +138,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 // Reject reports the reason Fit would give for pod on this node without
 // running it, from the summary's figures alone, and true — for a pod of one
 // app container asking for one slice of one GPU by MiB, with no model or
-// UUID filter, when the node has no healthy GPU, no GPU with a free slice,
+// UUID filter nor enforcement requirement, when the node has no healthy GPU, no GPU with a free slice,
 // or too little memory free on every such GPU. Otherwise it returns false
 // and the caller asks Fit. Callers that judge many nodes use it as an
 // index by largest free slice: most full nodes are turned away without
@@ -160,11 +160,12 @@ func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
 
 // oneSlice reports whether pod is the commonest kind, which the summary
 // answers alone: one app container asking for one slice of one GPU, with
-// no model or UUID filter.
+// no model or UUID filter and no enforcement requirement.
 func oneSlice(pod PodDemand) bool {
 	cs, c := pod.Request.Containers, pod.Constraints
 	return len(cs) == 1 && !cs[0].Init && cs[0].GPUs == 1 && !cs[0].Exclusive &&
-		len(c.Models) == 0 && len(c.ExcludeModels) == 0 && len(c.UUIDs) == 0 && len(c.ExcludeUUIDs) == 0
+		len(c.Models) == 0 && len(c.ExcludeModels) == 0 && len(c.UUIDs) == 0 && len(c.ExcludeUUIDs) == 0 &&
+		!c.Enforcement.Required
 }
 
 // Fit is vgpu.Fit on the summarized node: Fit(pod, NodeState{Inventory,

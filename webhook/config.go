@@ -26,6 +26,13 @@ type Config struct {
 	// so that system pods never wait on the webhook. Empty means none is
 	// excluded. Each must be a namespace name (DNS-1123 label).
 	ExcludedNamespaces []string `json:"excludedNamespaces,omitempty"`
+	// HAMiCompat, when true, rewrites HAMi's resource names and pod
+	// annotations (HAMiResources, HAMiAnnotations) to gpuslice's before
+	// anything else, so that manifests written for HAMi run unchanged. Off
+	// by default: nvidia.com/gpu is also NVIDIA's own device plugin's
+	// resource. The webhook's match condition must then also send pods
+	// with nvidia.com/ names (HAMiCompatMatchConditions).
+	HAMiCompat bool `json:"hamiCompat,omitempty"`
 }
 
 // DefaultConfig returns the configuration used when nothing is set: the

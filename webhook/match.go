@@ -32,3 +32,23 @@ object.spec.containers.exists(c, has(c.resources) && (
 func MatchConditions() []admissionregistrationv1.MatchCondition {
 	return []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: MatchExpression}}
 }
+
+// HAMiCompatMatchExpression is MatchExpression for Config.HAMiCompat: it
+// also matches pods with an nvidia.com/ annotation or resource and HAMi's
+// hami.io/ policy annotations (already matched by the hami.io/ prefix), so
+// that the webhook sees the HAMi names it rewrites. The chart writes it when
+// webhook.hamiCompat is on (checked by test/chart).
+const HAMiCompatMatchExpression = `(has(object.metadata.annotations) &&
+  object.metadata.annotations.exists(k, k.startsWith('hami.io/') || k.startsWith('nvidia.com/'))) ||
+object.spec.containers.exists(c, has(c.resources) && (
+  (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('hami.io/') || r.startsWith('nvidia.com/'))) ||
+  (has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('hami.io/') || r.startsWith('nvidia.com/'))))) ||
+(has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
+  (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('hami.io/') || r.startsWith('nvidia.com/'))) ||
+  (has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('hami.io/') || r.startsWith('nvidia.com/'))))))`
+
+// HAMiCompatMatchConditions is MatchConditions with
+// HAMiCompatMatchExpression. Each call returns a new slice.
+func HAMiCompatMatchConditions() []admissionregistrationv1.MatchCondition {
+	return []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: HAMiCompatMatchExpression}}
+}

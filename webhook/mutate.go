@@ -23,8 +23,8 @@ const maxShownValueLength = 64
 
 // Result is Mutate's decision on one pod.
 type Result struct {
-	// Patch is the RFC 6902 patch to send back, in a fixed order: the
-	// scheduler name, then init containers and app containers in spec
+	// Patch is the RFC 6902 patch to send back, in a fixed order: HAMi's
+	// names renamed (Config.HAMiCompat), the scheduler name, then init containers and app containers in spec
 	// order, limits before requests. Nil when the pod needs no change or is
 	// denied. Applying it and calling Mutate again yields a nil Patch.
 	Patch []JSONPatchOp
@@ -43,6 +43,11 @@ type Result struct {
 // must be set (an admission handler copies the request's namespace when the
 // object lacks it). Rules, in order:
 //   - a pod in cfg.ExcludedNamespaces is allowed and skipped;
+//   - with cfg.HAMiCompat, HAMi's annotations and resource names are
+//     rewritten to gpuslice's first (rewriteHAMi: "move" ops, first in the
+//     patch) and the rules below apply to the rewritten pod; for a GPU
+//     pod, a conflict between a HAMi name and its gpuslice name, or a
+//     HAMi policy gpuslice lacks, is a denial;
 //   - a pod that carries vgpu.AnnotationPodAllocation is denied, GPU pod or
 //     not: only the scheduler extender writes it, at bind;
 //   - a pod with no hami.io/* resource in any container or init container
@@ -80,7 +85,12 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 	if cfg.excluded(pod.Namespace) {
 		return Result{Allowed: true, Skipped: true}
 	}
-	var problems []error
+	var problems, renameProblems []error
+	var renames []JSONPatchOp
+	if cfg.HAMiCompat {
+		pod = pod.DeepCopy()
+		renames, renameProblems = rewriteHAMi(pod)
+	}
 	if v, ok := pod.Annotations[vgpu.AnnotationPodAllocation]; ok {
 		problems = append(problems, fmt.Errorf("annotation %s=%q: must not be set when the pod is created: only the gpuslice scheduler extender writes it, when it binds the pod",
 			vgpu.AnnotationPodAllocation, shorten(v)))
@@ -91,6 +101,7 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 		}
 		return Result{Allowed: true, Skipped: true}
 	}
+	problems = append(problems, renameProblems...)
 	if pod.Spec.NodeName != "" {
 		problems = append(problems, fmt.Errorf("spec.nodeName=%q: must be empty for a pod that asks for hami.io resources: only the gpuslice scheduler gives a pod its GPU slice, "+
 			"when it binds it; to pick the node, use a nodeSelector on kubernetes.io/hostname or node affinity", shorten(pod.Spec.NodeName)))
@@ -102,7 +113,7 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 	problems = append(problems, regularInitContainers(pod)...)
 
 	defaulted := pod.DeepCopy()
-	ops := schedulerName(defaulted, cfg)
+	ops := append(renames, schedulerName(defaulted, cfg)...)
 	for i := range defaulted.Spec.InitContainers {
 		ops = append(ops, containerDefaults(&defaulted.Spec.InitContainers[i], "initContainers", i)...)
 	}

@@ -158,6 +158,14 @@ func TestMutate(t *testing.T) {
 			Annotation(vgpu.AnnotationGPUPolicy, "pack").GPU(1).Obj(), std),
 		want: denied(`hami.io/numa-bind="yes": must be "true" or "false"; hami.io/gpu-policy="pack": must be one of binpack, spread, fragmentation`),
 	}, {
+		name: "invalid enforcement requirement",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationEnforcement, "strict").GPU(1).Obj(), std),
+		want: denied(`hami.io/enforcement="strict": must be "required" (any mechanism) or one of driver, hami-core, mps (that mechanism only); leave it unset to accept any node`),
+	}, {
+		name: "enforcement required: allowed",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationEnforcement, "required").GPU(1).Obj(), std),
+		want: allowed(setScheduler),
+	}, {
 		name: "GPU in a regular init container: suggest a sidecar",
 		pod:  admitted(vgputest.Pod("p").InitContainer("warmup").MemoryMiB(2048).Container("main").GPU(1).Obj(), std),
 		want: denied(`init container "warmup": hami.io/gpumem=2048: a regular init container cannot get a GPU slice, as gpuslice cannot hand it its own slice exactly; make it a sidecar (an init container with restartPolicy: Always) or do the GPU work in an app container`),

@@ -2,17 +2,21 @@ package webhook
 
 import "strings"
 
-// JSONPatchOp is one RFC 6902 operation. Mutate writes only "add" and
-// "replace", so Value is always set: a string (a scheduler name or a
-// quantity) or a map[string]string (a whole resource list).
+// JSONPatchOp is one RFC 6902 operation. Mutate writes "add" and
+// "replace", whose Value is always set (a string: a scheduler name or a
+// quantity; or a map[string]string: a whole resource list), and, with
+// Config.HAMiCompat, "move" (From set, no Value) and "remove" (no Value).
 type JSONPatchOp struct {
-	// Op is "add" or "replace".
+	// Op is "add", "replace", "move" or "remove".
 	Op string `json:"op"`
+	// From is the pointer a "move" takes its value from.
+	From string `json:"from,omitempty"`
 	// Path is an RFC 6901 JSON pointer into the Pod, e.g.
 	// "/spec/containers/0/resources/limits/hami.io~1gpu".
 	Path string `json:"path"`
-	// Value is the new value at Path.
-	Value any `json:"value"`
+	// Value is the new value at Path; nil (left out) for "move" and
+	// "remove".
+	Value any `json:"value,omitempty"`
 }
 
 // pointer joins tokens into an RFC 6901 JSON pointer, escaping "~" as "~0"

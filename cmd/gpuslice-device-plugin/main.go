@@ -63,13 +63,18 @@ func run(args []string) int {
 		return 1
 	}
 	defer func() { _ = backend.Close() }()
+	facts, err := nodeFacts(cfg, backend)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
 
 	client, err := kubeClient(kubeconfig)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: version})
+	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: version, Facts: facts})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
@@ -142,6 +147,11 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.StringVar(&cfg.CDISpecDir, "cdi-spec-dir", cfg.CDISpecDir, "folder the plugin writes its CDI specs to (mode cdi); the container runtime must read it")
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", cfg.PodResourcesSocket, "the kubelet's PodResources API socket")
 	fs.StringVar(&cfg.HostLibVGPU, "host-libvgpu", cfg.HostLibVGPU, "host path of HAMi-core's libvgpu.so to preload in GPU containers (default: none)")
+	fs.StringVar(&cfg.Enforcement, "enforcement", cfg.Enforcement, "enforcement mechanism: auto (the strongest the node has), driver, hami-core, mps or none")
+	fs.Var((*configfile.List)(&cfg.DisabledEnforcement), "disabled-enforcement", "comma-separated mechanisms auto must not pick (driver, hami-core, mps)")
+	fs.Var((*configfile.List)(&cfg.NVIDIACDISpecs), "nvidia-cdi-specs", "comma-separated globs of the NVIDIA toolkit's CDI specs, whose GPU devices containers get under enforcement driver")
+	fs.StringVar(&cfg.MPSControl, "mps-control", cfg.MPSControl, "MPS control binary, a path or a name in PATH (enforcement mps)")
+	fs.StringVar(&cfg.MPSDir, "mps-dir", cfg.MPSDir, "host folder of the MPS daemons' pipes and logs, the same path in containers")
 	fs.StringVar(&cfg.SharedCacheDir, "shared-cache-dir", cfg.SharedCacheDir, "container folder of CUDA_DEVICE_MEMORY_SHARED_CACHE files")
 	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "host:port of /readyz (registered with the kubelet), /healthz and /metrics; empty serves none")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "folder for the plugin's checkpoint and ld.so.preload, the same path on the host (default <device-plugin-dir>/gpuslice-state)")
@@ -163,6 +173,38 @@ func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, 
 		opts.Library = fake
 	}
 	return nvidia.Open(opts)
+}
+
+// cgroupRoot is where the node's cgroup file system is mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// nodeFacts detects what the node offers for enforcement: the driver
+// version from NVML, the cgroup version from cgroupRoot, the MPS control
+// binary from cfg.MPSControl. Fake GPUs report their spec's facts instead
+// (the host's cgroup version unless the spec names one; MPS only when the
+// spec says mps, and then the configured binary must exist).
+func nodeFacts(cfg deviceplugin.Config, backend *nvidia.Backend) (deviceplugin.NodeFacts, error) {
+	driver, err := backend.DriverVersion()
+	if err != nil {
+		return deviceplugin.NodeFacts{}, err
+	}
+	facts := deviceplugin.DetectNodeFacts(driver, cgroupRoot, cfg.MPSControl)
+	if cfg.FakeGPUs == "" {
+		return facts, nil
+	}
+	fake, err := nvidia.ParseFakeFacts(cfg.FakeGPUs)
+	if err != nil {
+		return deviceplugin.NodeFacts{}, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
+	}
+	if fake.CgroupVersion != 0 {
+		facts.CgroupVersion = fake.CgroupVersion
+	}
+	if !fake.MPS {
+		facts.MPSControl = ""
+	} else if facts.MPSControl == "" {
+		return deviceplugin.NodeFacts{}, fmt.Errorf("fake GPUs %q report MPS, but the MPS control binary %q is not found", cfg.FakeGPUs, cfg.MPSControl)
+	}
+	return facts, nil
 }
 
 // kubeClient returns the plugin's API client from kubeconfig, or

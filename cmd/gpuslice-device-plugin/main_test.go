@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // TestBadStart runs the real binary the way a user would and checks that
@@ -48,6 +52,12 @@ func TestBadStart(t *testing.T) {
 		{name: "unknown mode", args: []string{"--node-name=n1", "--mode=docker"}, wantCode: 2, want: []string{"mode", "docker", "cdi", "env"}},
 		{name: "relative CDI spec dir", args: []string{"--node-name=n1", "--cdi-spec-dir=cdi"}, wantCode: 2, want: []string{"cdiSpecDir", "absolute"}},
 		{name: "relative libvgpu", args: []string{"--node-name=n1", "--host-libvgpu=libvgpu.so"}, wantCode: 2, want: []string{"hostLibVGPU", "libvgpu.so"}},
+		{name: "unknown enforcement", args: []string{"--node-name=n1", "--enforcement=cgroup"}, wantCode: 2, want: []string{"enforcement", "cgroup", "auto", "hami-core"}},
+		{name: "bad fake node fact", args: []string{"--node-name=n1", "--fake-gpus=1xT4-16GB;cgroup=3", "--device-plugin-dir=" + pluginDir}, wantCode: 2, want: []string{"fakeGPUs", "cgroup=3"}},
+		{name: "fake MPS without the binary", args: []string{"--node-name=n1", "--fake-gpus=1xT4-16GB;mps", "--mps-control=" + filepath.Join(dir, "no-mps"), "--device-plugin-dir=" + pluginDir},
+			wantCode: 1, want: []string{"report MPS", "no-mps", "not found"}},
+		{name: "forced MPS without the binary", args: []string{"--node-name=n1", "--fake-gpus=1xT4-16GB", "--enforcement=mps", "--mps-control=" + filepath.Join(dir, "no-mps"), "--device-plugin-dir=" + pluginDir},
+			wantCode: 1, want: []string{"enforcement=mps", "not found"}},
 		{name: "no NVIDIA driver", args: []string{"--node-name=n1", "--device-plugin-dir=" + pluginDir}, wantCode: 1, want: []string{"NVML", "--fake-gpus"}},
 	}
 	for _, tt := range tests {
@@ -112,5 +122,46 @@ func TestHandoffFlags(t *testing.T) {
 	want := []string{"cdi", "/etc/cdi", "/run/pr.sock", "/opt/hami/libvgpu.so", "/tmp/hami", "/var/lib/gpuslice"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("mode, cdiSpecDir, podResourcesSocket, hostLibVGPU, sharedCacheDir, stateDir (-want +got):\n%s", diff)
+	}
+}
+
+// TestNodeFactsOfFakeGPUs: fake GPUs report their spec's facts, so that the
+// plugin picks the mechanism a real node with those facts would.
+func TestNodeFactsOfFakeGPUs(t *testing.T) {
+	mps := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if err := os.WriteFile(mps, []byte("#!/bin/sh\n"), 0o700); err != nil { //nolint:gosec // G306: an executable for the test.
+		t.Fatal(err)
+	}
+	tests := []struct {
+		spec string
+		want deviceplugin.NodeFacts
+		mech vgpu.Enforcement
+	}{
+		{"2xA100-80GB;driver=615.20;cgroup=2", deviceplugin.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}, vgpu.EnforcementDriver},
+		{"1xT4-16GB;mps;cgroup=1", deviceplugin.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: mps}, vgpu.EnforcementMPS},
+		{"1xT4-16GB;cgroup=2", deviceplugin.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 2}, vgpu.EnforcementNone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.spec, func(t *testing.T) {
+			cfg := deviceplugin.DefaultConfig()
+			cfg.NodeName = "n1"
+			cfg.FakeGPUs = tt.spec
+			cfg.MPSControl = mps
+			backend, err := openBackend(cfg, klog.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = backend.Close() }()
+			got, err := nodeFacts(cfg, backend)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("nodeFacts (-want +got):\n%s", diff)
+			}
+			if q := deviceplugin.QualifiedEnforcements(cfg, got); q[0] != tt.mech {
+				t.Errorf("QualifiedEnforcements = %v, want %s first", q, tt.mech)
+			}
+		})
 	}
 }

@@ -75,6 +75,7 @@ func parseFlags(name string, args []string) (webhook.ServerConfig, error) {
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "PEM private key of --tls-cert-file; reloaded when it changes")
 	fs.StringVar(&cfg.SchedulerName, "scheduler-name", cfg.SchedulerName, "scheduler profile GPU pods are steered to (the one that calls the gpuslice extender)")
 	fs.Var((*configfile.List)(&cfg.ExcludedNamespaces), "excluded-namespaces", "comma-separated namespaces whose pods are left alone (empty: none)")
+	fs.BoolVar(&cfg.HAMiCompat, "hami-compat", cfg.HAMiCompat, "rewrite HAMi's resource names (nvidia.com/gpu, …) and pod annotations to gpuslice's (docs/migrating-from-hami.md)")
 	if err := configfile.Parse(fs, args, &cfg, webhook.DefaultServerConfig(), configFile); err != nil {
 		return cfg, err
 	}

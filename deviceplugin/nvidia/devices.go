@@ -126,3 +126,19 @@ func cString(chars []int8) string {
 	}
 	return string(buf)
 }
+
+// DriverVersion returns the NVIDIA driver's version as NVML reports it,
+// e.g. "615.20.01". Safe for concurrent use; returns ErrClosed after
+// Close.
+func (b *Backend) DriverVersion() (string, error) {
+	b.life.RLock()
+	defer b.life.RUnlock()
+	if b.closed {
+		return "", ErrClosed
+	}
+	v, ret := b.lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return "", fmt.Errorf("NVML driver version: %w", ret)
+	}
+	return v, nil
+}

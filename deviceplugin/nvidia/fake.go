@@ -45,6 +45,7 @@ type Fake struct {
 	nvmlInterface // go-nvml's mock server
 
 	devices []*fakeDevice
+	facts   FakeFacts
 
 	mu   sync.Mutex
 	lost []bool
@@ -79,6 +80,7 @@ func NewFake(spec, nodeName string) (*Fake, error) {
 		recovery:      make([]nvml.DeviceGpuRecoveryAction, len(srv.Devices)),
 		noRecovery:    make([]bool, len(srv.Devices)),
 		sets:          map[*fakeEventSet]struct{}{},
+		facts:         parsed.facts,
 	}
 	n := len(srv.Devices)
 	for i, d := range srv.Devices {
@@ -92,6 +94,10 @@ func NewFake(spec, nodeName string) (*Fake, error) {
 	}
 	return f, nil
 }
+
+// Facts returns the node facts of the spec (ParseFakeSpec); the driver
+// version is also what SystemGetDriverVersion answers.
+func (f *Fake) Facts() FakeFacts { return f.facts }
 
 // NoDriver returns an nvml.Interface like nvml.New() on a machine without
 // the NVIDIA driver: Init answers ERROR_LIBRARY_NOT_FOUND, and any other

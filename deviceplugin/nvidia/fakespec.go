@@ -18,7 +18,7 @@ import (
 )
 
 // FakeSpecHelp describes the --fake-gpus value, for flag help and errors.
-const FakeSpecHelp = `a mock server (dgxa100, dgxh100, dgxh200, dgxb200: 8 GPUs each) or a comma-separated list of [COUNTx]NAME-SIZEGB, e.g. "2xA100-80GB,1xT4-16GB" (known: ` + knownFakeModels + `; any other NAME-SIZEGB is a generic "NVIDIA NAME")`
+const FakeSpecHelp = `a mock server (dgxa100, dgxh100, dgxh200, dgxb200: 8 GPUs each) or a comma-separated list of [COUNTx]NAME-SIZEGB, e.g. "2xA100-80GB,1xT4-16GB" (known: ` + knownFakeModels + `; any other NAME-SIZEGB is a generic "NVIDIA NAME"), then optional node facts after ";": driver=VERSION, cgroup=1|2, mps (e.g. "2xA100-80GB;driver=615.20;cgroup=2")`
 
 const (
 	knownFakeModels = "A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200-180GB, A30-24GB, T4-16GB, L4-24GB, A10-24GB, V100-32GB, L40S-48GB"
@@ -43,7 +43,9 @@ type FakeGPU struct {
 // ParseFakeSpec checks a --fake-gpus value and returns its GPUs in index
 // order. The grammar (FakeSpecHelp):
 //
-//	spec   = server | item { "," item }
+//	spec   = gpus { ";" fact }
+//	gpus   = server | item { "," item }
+//	fact   = "driver=" version | "cgroup=1" | "cgroup=2" | "mps"
 //	server = "dgxa100" | "dgxh100" | "dgxh200" | "dgxb200"   (8 GPUs each)
 //	item   = [ count "x" ] name "-" size "GB"
 //	count  = 1..256 (all items together at most 256 GPUs; default 1)
@@ -77,17 +79,75 @@ func FakeUUID(nodeName string, index int) string {
 	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
+// FakeFacts are the node facts a --fake-gpus value reports beside its
+// GPUs, so that each enforcement mechanism can be tried without one.
+type FakeFacts struct {
+	// DriverVersion is what NVML reports; default fakeDriverVersion.
+	DriverVersion string
+	// CgroupVersion is 1 or 2; 0 (not given) means the host's.
+	CgroupVersion int
+	// MPS says the node has the MPS control binary.
+	MPS bool
+}
+
+// fakeDriverVersion is the driver of go-nvml's mock servers.
+const fakeDriverVersion = "550.54.15"
+
 // fakeSpec is a parsed --fake-gpus value.
 type fakeSpec struct {
 	configs   []gpus.Config
 	newServer func() *server.Server
+	facts     FakeFacts
+}
+
+// fakeDriver matches a driver version: digits and dots.
+var fakeDriver = regexp.MustCompile(`^[0-9]+(\.[0-9]+)*$`)
+
+// parseFakeFacts reads the facts after the GPUs of a --fake-gpus value.
+func parseFakeFacts(items []string) (FakeFacts, error) {
+	f := FakeFacts{DriverVersion: fakeDriverVersion}
+	for _, item := range items {
+		item = strings.TrimSpace(item)
+		key, value, _ := strings.Cut(item, "=")
+		switch {
+		case key == "driver" && fakeDriver.MatchString(value):
+			f.DriverVersion = value
+		case key == "cgroup" && (value == "1" || value == "2"):
+			f.CgroupVersion = int(value[0] - '0')
+		case item == "mps":
+			f.MPS = true
+		default:
+			return FakeFacts{}, fmt.Errorf("%w: node fact %q: want driver=VERSION (digits and dots), cgroup=1, cgroup=2 or mps", ErrInvalidFakeSpec, item)
+		}
+	}
+	return f, nil
 }
 
 // fakeItem matches one list item: optional count, name, size.
 var fakeItem = regexp.MustCompile(`^(?:([0-9]+)\s*[xX]\s*)?([A-Za-z][A-Za-z0-9._-]*)-([0-9]+)[gG][bB]$`)
 
 func parseFakeSpec(spec string) (fakeSpec, error) {
-	spec = strings.TrimSpace(spec)
+	parts := strings.Split(spec, ";")
+	facts, err := parseFakeFacts(parts[1:])
+	if err != nil {
+		return fakeSpec{}, err
+	}
+	s, err := parseFakeGPUs(strings.TrimSpace(parts[0]))
+	if err != nil {
+		return fakeSpec{}, err
+	}
+	s.facts = facts
+	newServer := s.newServer
+	s.newServer = func() *server.Server {
+		srv := newServer()
+		srv.DriverVersion = facts.DriverVersion
+		return srv
+	}
+	return s, nil
+}
+
+// parseFakeGPUs reads the GPUs of a --fake-gpus value.
+func parseFakeGPUs(spec string) (fakeSpec, error) {
 	if s, ok := fakeServer(strings.ToLower(spec)); ok {
 		return s, nil
 	}
@@ -124,7 +184,7 @@ func parseFakeSpec(spec string) (fakeSpec, error) {
 			// Same versions as go-nvml's DGX A100/H100 mocks.
 			s, _ := server.New(
 				server.WithGPUs(configs...),
-				server.WithDriverVersion("550.54.15"),
+				server.WithDriverVersion(fakeDriverVersion),
 				server.WithNVMLVersion("12.550.54.15"),
 				server.WithCUDADriverVersion(12040),
 			)
@@ -204,4 +264,14 @@ func plainModel(name string, arch nvml.DeviceArchitecture, cudaMajor, cudaMinor 
 		CudaMinor:    cudaMinor,
 		PciDeviceId:  pciDeviceID,
 	}
+}
+
+// ParseFakeFacts returns the node facts of a --fake-gpus value (see
+// ParseFakeSpec); errors wrap ErrInvalidFakeSpec.
+func ParseFakeFacts(spec string) (FakeFacts, error) {
+	parsed, err := parseFakeSpec(spec)
+	if err != nil {
+		return FakeFacts{}, err
+	}
+	return parsed.facts, nil
 }

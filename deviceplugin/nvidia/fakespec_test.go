@@ -77,6 +77,10 @@ func TestParseFakeSpecErrors(t *testing.T) {
 		{"A100-0GB", "size 0GB: want 1 to 4096GB"},
 		{"A100-5000GB", "size 5000GB"},
 		{"200xA100-80GB,100xT4-16GB", "more than 256 GPUs"},
+		{"A100-80GB;driver=R615", `node fact "driver=R615": want driver=VERSION`},
+		{"A100-80GB;cgroup=3", `node fact "cgroup=3"`},
+		{"A100-80GB;mps=yes", `node fact "mps=yes"`},
+		{"A100-80GB;", `node fact ""`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec, func(t *testing.T) {
@@ -92,6 +96,36 @@ func TestParseFakeSpecErrors(t *testing.T) {
 			}
 			if _, err := NewFake(tc.spec, testNode); !errors.Is(err, ErrInvalidFakeSpec) {
 				t.Errorf("NewFake(%q) = %v, want ErrInvalidFakeSpec", tc.spec, err)
+			}
+		})
+	}
+}
+
+func TestFakeFacts(t *testing.T) {
+	tests := []struct {
+		spec string
+		want FakeFacts
+	}{
+		{"2xA100-80GB", FakeFacts{DriverVersion: "550.54.15"}},
+		{"dgxh100; driver=615.20.01 ;cgroup=2", FakeFacts{DriverVersion: "615.20.01", CgroupVersion: 2}},
+		{"T4-16GB;mps;cgroup=1", FakeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPS: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			f, err := NewFake(tc.spec, testNode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, f.Facts()); diff != "" {
+				t.Errorf("Facts (-want +got):\n%s", diff)
+			}
+			b, err := Open(Options{Library: f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = b.Close() }()
+			if v, err := b.DriverVersion(); err != nil || v != tc.want.DriverVersion {
+				t.Errorf("DriverVersion() = %q, %v; want %q", v, err, tc.want.DriverVersion)
 			}
 		})
 	}

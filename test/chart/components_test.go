@@ -198,6 +198,10 @@ func checkDevicePluginConfig(t *testing.T, f configFile) {
 	checkHostFolder(t, f, "devicePluginDir", cfg.DevicePluginDir)
 	checkHostFolder(t, f, "podResourcesSocket's folder", path.Dir(cfg.PodResourcesSocket))
 	checkHostFolder(t, f, "stateDir", cfg.EffectiveStateDir())
+	checkHostFolder(t, f, "mpsDir", cfg.MPSDir)
+	for _, p := range cfg.NVIDIACDISpecs {
+		checkHostFolder(t, f, "nvidiaCDISpecs", path.Dir(p))
+	}
 	if cfg.Mode == deviceplugin.ModeCDI {
 		checkHostFolder(t, f, "cdiSpecDir", cfg.CDISpecDir)
 	}

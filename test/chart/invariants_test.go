@@ -13,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
 
+	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/webhook"
 )
 
@@ -109,8 +111,12 @@ func checkWorkloads(t *testing.T, r rendered) {
 		if len(pod.Containers) == 0 {
 			t.Errorf("%s: no container", w.ref)
 		}
-		for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
-			checkContainer(t, w.ref+" container "+c.Name, c)
+		for _, c := range pod.InitContainers {
+			// The API server refuses probes on a regular init container.
+			checkContainer(t, w.ref+" init container "+c.Name, c, vgpu.IsSidecar(&c))
+		}
+		for _, c := range pod.Containers {
+			checkContainer(t, w.ref+" container "+c.Name, c, true)
 		}
 		if sa := pod.ServiceAccountName; sa != "" && r.find("ServiceAccount", sa) == nil {
 			t.Errorf("%s: serviceAccountName %q is not rendered", w.ref, sa)
@@ -145,8 +151,9 @@ func secretProvided(r rendered, name string) bool {
 }
 
 // checkContainer checks one container: CPU and memory requests and a memory limit, liveness and
-// readiness probes on declared ports, and a securityContext that forbids privilege escalation.
-func checkContainer(t *testing.T, ref string, c corev1.Container) {
+// readiness probes on declared ports (when probed), and a securityContext that forbids privilege
+// escalation.
+func checkContainer(t *testing.T, ref string, c corev1.Container, probed bool) {
 	if c.Image == "" || strings.HasSuffix(c.Image, ":") {
 		t.Errorf("%s: image %q has no tag", ref, c.Image)
 	}
@@ -159,6 +166,12 @@ func checkContainer(t *testing.T, ref string, c corev1.Container) {
 		t.Errorf("%s: no memory limit", ref)
 	}
 	for kind, p := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe} {
+		if !probed {
+			if p != nil {
+				t.Errorf("%s: a regular init container may not have a %s", ref, kind)
+			}
+			continue
+		}
 		if p == nil {
 			t.Errorf("%s: no %s", ref, kind)
 			continue
@@ -216,8 +229,27 @@ func declaresPort(pod corev1.PodSpec, name string) bool {
 	return false
 }
 
+// webhookHAMiCompat reports whether the rendered webhook configuration (the webhook.yaml
+// key of a ConfigMap) turns HAMiCompat on.
+func webhookHAMiCompat(t *testing.T, r rendered) bool {
+	t.Helper()
+	for _, cm := range all[*corev1.ConfigMap](r) {
+		data, ok := cm.Data["webhook.yaml"]
+		if !ok {
+			continue
+		}
+		var cfg webhook.ServerConfig
+		if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+			t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
+		}
+		return cfg.HAMiCompat
+	}
+	return false
+}
+
 // checkWebhookConfigurations checks every mutating webhook: it never sees kube-system or the
-// release namespace, is sent only the pods webhook.MatchConditions selects, calls a rendered Service on a port it exposes, has no side effects, a
+// release namespace, is sent only the pods webhook.MatchConditions selects (with
+// webhook.hamiCompat, webhook.HAMiCompatMatchConditions), calls a rendered Service on a port it exposes, has no side effects, a
 // timeout the API server accepts, and a CA (a caBundle, or cert-manager's injection).
 func checkWebhookConfigurations(t *testing.T, r rendered) {
 	for _, mwc := range all[*admissionregistrationv1.MutatingWebhookConfiguration](r) {
@@ -230,8 +262,12 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 					t.Errorf("%s: namespaceSelector does not exclude %s (excluded: %v)", ref, ns, excluded)
 				}
 			}
-			if diff := cmp.Diff(webhook.MatchConditions(), wh.MatchConditions); diff != "" {
-				t.Errorf("%s: matchConditions differ from webhook.MatchConditions (-want +got):\n%s", ref, diff)
+			want, wantName := webhook.MatchConditions(), "webhook.MatchConditions"
+			if webhookHAMiCompat(t, r) {
+				want, wantName = webhook.HAMiCompatMatchConditions(), "webhook.HAMiCompatMatchConditions (webhook.hamiCompat)"
+			}
+			if diff := cmp.Diff(want, wh.MatchConditions); diff != "" {
+				t.Errorf("%s: matchConditions differ from %s (-want +got):\n%s", ref, wantName, diff)
 			}
 			if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
 				t.Errorf("%s: sideEffects %v, want None", ref, wh.SideEffects)

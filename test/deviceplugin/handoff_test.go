@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,9 +57,18 @@ func newHandoffEnv(t *testing.T, mode deviceplugin.Mode) *handoffEnv {
 // start runs a plugin and waits until the kubelet has all its devices.
 func (h *handoffEnv) start() *runningPlugin {
 	h.t.Helper()
+	return h.startWith(nil)
+}
+
+// startWith is start with configuration changes.
+func (h *handoffEnv) startWith(mutate func(*deviceplugin.Config)) *runningPlugin {
+	h.t.Helper()
 	p := startPluginWith(h.t, h.dir, clientset.New(h.client), func(c *deviceplugin.Config) {
 		c.Mode = h.mode
 		c.PodResourcesSocket = h.socket
+		if mutate != nil {
+			mutate(c)
+		}
 	})
 	if err := h.m.WaitResource(waitCtx(h.t, waitLong), resourceName, allDevices, allDevices); err != nil {
 		h.t.Fatal(err)
@@ -130,12 +140,12 @@ func (h *handoffEnv) startContainer(pod *corev1.Pod, container string) map[strin
 	return env
 }
 
-// injectEnv injects device into an empty OCI spec and returns its env. The
+// injectEnv injects devices into an empty OCI spec and returns its env. The
 // OCI type is inferred from inject, so the test needs no direct import of
 // the runtime-spec module.
-func injectEnv[S any](inject func(*S, ...string) ([]string, error), device string) ([]string, error) {
+func injectEnv[S any](inject func(*S, ...string) ([]string, error), devices ...string) ([]string, error) {
 	var spec S
-	if _, err := inject(&spec, device); err != nil {
+	if _, err := inject(&spec, devices...); err != nil {
 		return nil, err
 	}
 	data, err := json.Marshal(&spec)
@@ -293,13 +303,20 @@ func TestHandoffEnv(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), wantErr) {
 		t.Fatalf("starting young = %v, want an error containing %q", err, wantErr)
 	}
-	waitUntil(t, waitLong, "a "+deviceplugin.ReasonAllocationMismatch+" event on pod young", func() bool {
+	h.waitEvent("young", corev1.EventTypeWarning, deviceplugin.ReasonAllocationMismatch, "")
+}
+
+// waitEvent waits until the plugin has recorded an event of type and
+// reason on pod, whose message contains message.
+func (h *handoffEnv) waitEvent(pod, eventType, reason, message string) {
+	h.t.Helper()
+	waitUntil(h.t, waitLong, fmt.Sprintf("a %s %s event on pod %s with %q", eventType, reason, pod, message), func() bool {
 		events, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
 		return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
-			return e.InvolvedObject.Name == "young" && e.Reason == deviceplugin.ReasonAllocationMismatch && e.Type == corev1.EventTypeWarning
+			return e.InvolvedObject.Name == pod && e.Reason == reason && e.Type == eventType && strings.Contains(e.Message, message)
 		})
 	})
 }

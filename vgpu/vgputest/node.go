@@ -91,6 +91,12 @@ func (b *NodeBuilder) MemoryScaling(f float64) *NodeBuilder {
 	return b
 }
 
+// Enforcement sets the node's enforcement mechanism.
+func (b *NodeBuilder) Enforcement(e vgpu.Enforcement) *NodeBuilder {
+	b.inv.Enforcement = e
+	return b
+}
+
 // Obj returns the inventory built so far.
 func (b *NodeBuilder) Obj() vgpu.NodeInventory {
 	inv := b.inv

@@ -112,9 +112,26 @@ tlsCertFile: /etc/gpuslice/tls/tls.crt
 tlsKeyFile: /etc/gpuslice/tls/tls.key
 schedulerName: {{ .Values.scheduler.schedulerName }}
 excludedNamespaces: {{ include "gpuslice.webhookExcludedNamespaces" . }}
+{{- if .Values.webhook.hamiCompat }}
+hamiCompat: true
+{{- end }}
 {{- end -}}
 
 {{/* Namespaces the webhook never sees, as a JSON list: the configured ones and the release's own. */}}
 {{- define "gpuslice.webhookExcludedNamespaces" -}}
 {{- toJson (uniq (append (.Values.webhook.excludedNamespaces | default list) .Release.Namespace)) -}}
+{{- end -}}
+
+{{/* The device plugin's hostLibVGPU: the value given, else where libvgpu.image copies it. Takes a devicePlugin values map. */}}
+{{- define "gpuslice.hostLibVGPU" -}}
+{{- if .hostLibVGPU }}{{ .hostLibVGPU }}{{ else if .libvgpu.image }}{{ printf "%s/libvgpu.so" .libvgpu.hostDir }}{{ end -}}
+{{- end -}}
+
+{{/* The NVIDIA toolkit's CDI spec patterns the device plugin reads, as a JSON list. Takes a devicePlugin values map. */}}
+{{- define "gpuslice.nvidiaCDISpecs" -}}
+{{- $out := list }}
+{{- range uniq (list .nvidiaCDISpecDir .cdiSpecDir) }}
+{{- $out = append (append $out (printf "%s/nvidia*.yaml" .)) (printf "%s/nvidia*.json" .) }}
+{{- end }}
+{{- toJson $out -}}
 {{- end -}}

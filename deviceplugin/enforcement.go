@@ -1,0 +1,256 @@
+package deviceplugin
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// The environment of the driver-native and MPS mechanisms.
+const (
+	// EnvGPUMemoryRequest and EnvGPUMemoryLimit are read by the NVIDIA
+	// container toolkit's CDI hook (nvidia-cdi-hook
+	// apply-cuda-memory-limits), which sets them as the container cgroup's
+	// soft and hard GPU memory limits through NVML, in MiB, for each of its
+	// GPUs. Both are required by the hook.
+	EnvGPUMemoryRequest = "NVIDIA_GPU_MEMORY_REQUEST"
+	EnvGPUMemoryLimit   = "NVIDIA_GPU_MEMORY_LIMIT"
+	// EnvMPSPipeDirectory is the folder of the MPS control daemon's pipes;
+	// a CUDA client connects to the daemon found there.
+	EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"
+	// EnvMPSPinnedMemoryLimit is the client's device memory limit:
+	// "<device ordinal>=<MiB>M".
+	EnvMPSPinnedMemoryLimit = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	// EnvMPSActiveThreadPercentage is the share of the GPU's threads the
+	// client may use, in percent; set only when the slice reserves cores.
+	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+)
+
+// Enforcement settings of Config.
+const (
+	// EnforcementAuto is the default Config.Enforcement: the strongest
+	// mechanism the node qualifies for that is not disabled.
+	EnforcementAuto = "auto"
+	// DefaultMPSControl is the MPS control binary, looked up in PATH.
+	DefaultMPSControl = "nvidia-cuda-mps-control"
+	// DefaultMPSDir is the host folder of the MPS daemons' pipes and logs.
+	DefaultMPSDir = "/run/gpuslice/mps"
+	// MPSShmContainerPath is where an MPS client container gets the shared
+	// memory folder of the daemons (<MPSDir>/shm): MPS servers and clients
+	// share memory through /dev/shm, and the plugin's DaemonSet mounts the
+	// same folder at its own /dev/shm.
+	MPSShmContainerPath = "/dev/shm"
+	// MinDriverMajorForMemoryLimits is the first NVIDIA driver branch
+	// whose NVML sets per-cgroup GPU memory limits (R615).
+	MinDriverMajorForMemoryLimits = 615
+	// ReasonEnforced is the reason of the Normal event that names the
+	// mechanism guarding a container, recorded on every start.
+	ReasonEnforced = "GPUEnforcement"
+)
+
+// DefaultNVIDIACDISpecs are where the NVIDIA container toolkit writes its
+// CDI specs (nvidia-ctk cdi generate, or its systemd unit).
+func DefaultNVIDIACDISpecs() []string {
+	return []string{"/etc/cdi/nvidia*.yaml", "/etc/cdi/nvidia*.json", "/var/run/cdi/nvidia*.yaml", "/var/run/cdi/nvidia*.json"}
+}
+
+// NodeFacts are what the node offers for enforcement, detected at start
+// (DetectNodeFacts, or fake GPUs). The zero value offers nothing.
+type NodeFacts struct {
+	// DriverVersion is the NVIDIA driver's version, e.g. "615.20"; empty
+	// when unknown.
+	DriverVersion string
+	// CgroupVersion is 1 or 2; 0 when unknown.
+	CgroupVersion int
+	// MPSControl is the path of nvidia-cuda-mps-control; empty when the
+	// node has none.
+	MPSControl string
+}
+
+// DetectNodeFacts reads the node: the cgroup version from the file system
+// mounted at cgroupRoot (cgroup v2 has cgroup.controllers at its root),
+// and mpsControl (a path, or a name looked up in PATH). driverVersion is
+// the driver's, as NVML reports it. Missing things are left empty; it
+// never fails.
+func DetectNodeFacts(driverVersion, cgroupRoot, mpsControl string) NodeFacts {
+	f := NodeFacts{DriverVersion: driverVersion, CgroupVersion: CgroupVersion(cgroupRoot)}
+	if mpsControl != "" {
+		if p, err := exec.LookPath(mpsControl); err == nil {
+			f.MPSControl = p
+		}
+	}
+	return f
+}
+
+// CgroupVersion returns 2 when root is the root of a cgroup v2 file system,
+// 1 when root exists without it (cgroup v1's tmpfs of controllers), and 0
+// when root cannot be read.
+func CgroupVersion(root string) int {
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return 2
+	}
+	if _, err := os.Stat(root); err == nil {
+		return 1
+	}
+	return 0
+}
+
+// driverMajor returns the branch of a driver version ("615.20.01" → 615).
+func driverMajor(version string) (int, bool) {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	return n, err == nil
+}
+
+// QualifiedEnforcements returns the mechanisms a node with facts f and
+// configuration cfg can use, from the strongest, always ending with
+// vgpu.EnforcementNone: driver with a driver of R615 or later on cgroup
+// v2, hami-core when cfg.HostLibVGPU is set, mps when the MPS control
+// binary was found. Pure.
+func QualifiedEnforcements(cfg Config, f NodeFacts) []vgpu.Enforcement {
+	var out []vgpu.Enforcement
+	if major, ok := driverMajor(f.DriverVersion); ok && major >= MinDriverMajorForMemoryLimits && f.CgroupVersion == 2 {
+		out = append(out, vgpu.EnforcementDriver)
+	}
+	if cfg.HostLibVGPU != "" {
+		out = append(out, vgpu.EnforcementHAMiCore)
+	}
+	if f.MPSControl != "" {
+		out = append(out, vgpu.EnforcementMPS)
+	}
+	return append(out, vgpu.EnforcementNone)
+}
+
+// errMPSUnavailable means enforcement mps was forced on a node without the
+// MPS control binary.
+var errMPSUnavailable = errors.New("enforcement=mps: the MPS control binary was not found")
+
+// chooseEnforcement returns the node's mechanism: the forced one
+// (cfg.Enforcement other than auto), or the first of
+// QualifiedEnforcements that cfg.DisabledEnforcement does not list. A
+// forced mps needs the MPS binary (errMPSUnavailable); a forced driver
+// mechanism is taken on the operator's word (qualified says whether
+// detection agrees).
+func chooseEnforcement(cfg Config, f NodeFacts) (e vgpu.Enforcement, qualified bool, err error) {
+	all := QualifiedEnforcements(cfg, f)
+	if cfg.Enforcement != EnforcementAuto {
+		e = vgpu.Enforcement(cfg.Enforcement)
+		if e == vgpu.EnforcementMPS && f.MPSControl == "" {
+			return "", false, fmt.Errorf("%w (mpsControl=%q)", errMPSUnavailable, cfg.MPSControl)
+		}
+		return e, slices.Contains(all, e), nil
+	}
+	for _, e := range all {
+		if !slices.Contains(cfg.DisabledEnforcement, string(e)) {
+			return e, true, nil
+		}
+	}
+	return vgpu.EnforcementNone, true, nil
+}
+
+// validEnforcement reports whether s is a Config.Enforcement value.
+func validEnforcement(s string) bool {
+	if s == EnforcementAuto {
+		return true
+	}
+	_, err := vgpu.ParseEnforcement(s)
+	return err == nil
+}
+
+// enforcementEdits adds to e what mechanism mech gives container ca on
+// this node; it reports whether the container is guarded. The HAMi-core
+// variables are always set (an image may bring its own libvgpu.so); the
+// library is mounted only with hami-core. MPS guards containers on one
+// GPU.
+func (a *allocator) enforcementEdits(e *containerEdits, ca vgpu.ContainerAllocation, gpus []vgpu.GPU) bool {
+	mech := a.enforcement
+	if !vgpu.GuardsContainer(mech, len(ca.GPUs)) {
+		return false
+	}
+	switch mech {
+	case vgpu.EnforcementDriver:
+		mib := strconv.FormatInt(minMemoryMiB(ca), 10)
+		e.Env = append(e.Env, envVar{EnvGPUMemoryRequest, mib}, envVar{EnvGPUMemoryLimit, mib})
+	case vgpu.EnforcementHAMiCore:
+		e.Mounts = append(e.Mounts,
+			hostMount{HostPath: a.cfg.HostLibVGPU, ContainerPath: LibVGPUContainerPath},
+			hostMount{HostPath: filepath.Join(a.cfg.EffectiveStateDir(), preloadFileName), ContainerPath: PreloadContainerPath},
+		)
+	case vgpu.EnforcementMPS:
+		if len(ca.GPUs) == 0 {
+			return true
+		}
+		s := ca.GPUs[0]
+		pipe := mpsPipeDir(a.cfg.MPSDir, gpus[0].Index)
+		e.Env = append(e.Env,
+			envVar{EnvMPSPipeDirectory, pipe},
+			envVar{EnvMPSPinnedMemoryLimit, "0=" + strconv.FormatInt(s.MemoryMiB, 10) + "M"},
+		)
+		if s.CoresPercent > 0 && s.CoresPercent < vgpu.MaxPercent {
+			e.Env = append(e.Env, envVar{EnvMPSActiveThreadPercentage, strconv.Itoa(s.CoresPercent)})
+		}
+		e.Mounts = append(e.Mounts,
+			hostMount{HostPath: pipe, ContainerPath: pipe, Writable: true},
+			hostMount{HostPath: mpsShmDir(a.cfg.MPSDir), ContainerPath: MPSShmContainerPath, Writable: true},
+		)
+	}
+	return true
+}
+
+// minMemoryMiB is the smallest slice of ca: the driver's hook applies one
+// limit to all of a container's GPUs, so no GPU gets more than its slice.
+func minMemoryMiB(ca vgpu.ContainerAllocation) int64 {
+	var m int64
+	for i, s := range ca.GPUs {
+		if i == 0 || s.MemoryMiB < m {
+			m = s.MemoryMiB
+		}
+	}
+	return m
+}
+
+// reportEnforcement records the Normal event that names the mechanism
+// guarding container ref of pod, holding ca.
+func (a *allocator) reportEnforcement(ref containerRef, pod *corev1.Pod, ca vgpu.ContainerAllocation) {
+	if a.events == nil || pod == nil {
+		return
+	}
+	a.events.Eventf(pod, corev1.EventTypeNormal, ReasonEnforced, "container %s: %s", ref.Container, enforcementMessage(a.enforcement, a.cfg.NodeName, ca))
+}
+
+// enforcementMessage says, for a person, what guards a container holding
+// ca on node under mechanism mech.
+func enforcementMessage(mech vgpu.Enforcement, node string, ca vgpu.ContainerAllocation) string {
+	if len(ca.GPUs) == 0 {
+		return "no GPU slice"
+	}
+	s := ca.GPUs[0]
+	switch {
+	case mech == vgpu.EnforcementMPS && len(ca.GPUs) > 1:
+		return fmt.Sprintf("enforcement none: node %s uses MPS, which serves containers on one GPU; this one has %d, so its limits are only in its environment", node, len(ca.GPUs))
+	case !mech.Guards():
+		return fmt.Sprintf("enforcement none: node %s has no enforcement mechanism; the limits (%d MiB per GPU) are only in the environment", node, s.MemoryMiB)
+	case mech == vgpu.EnforcementDriver:
+		return fmt.Sprintf("enforcement driver: the NVIDIA driver limits GPU memory to %d MiB per GPU (%s); compute is not limited", minMemoryMiB(ca), EnvGPUMemoryLimit)
+	case mech == vgpu.EnforcementHAMiCore:
+		msg := fmt.Sprintf("enforcement hami-core: libvgpu.so limits GPU memory to %d MiB per GPU", s.MemoryMiB)
+		if s.CoresPercent > 0 {
+			return msg + fmt.Sprintf(" and compute to %d%%", s.CoresPercent)
+		}
+		return msg + "; compute is not limited"
+	}
+	msg := fmt.Sprintf("enforcement mps: the MPS control daemon of GPU %s limits device memory to %d MiB", s.UUID, s.MemoryMiB)
+	if s.CoresPercent > 0 && s.CoresPercent < vgpu.MaxPercent {
+		return msg + fmt.Sprintf(" and active threads to %d%%", s.CoresPercent)
+	}
+	return msg + "; threads are not limited"
+}
