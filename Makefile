@@ -31,8 +31,9 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the binaries into _output/bin.
+build: ## Build the binaries into _output/bin, gpuslice also as kubectl-gpuslice (a kubectl plugin).
 	go build -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
+	cp $(BIN)/gpuslice $(BIN)/kubectl-gpuslice
 
 .PHONY: image
 image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
