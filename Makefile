@@ -21,7 +21,7 @@ MODULES    := . test
 # Packages with fuzz targets (make fuzz); make test runs their seed corpora only.
 FUZZ_PKGS   := ./vgpu ./extender ./webhook ./deviceplugin
 # Packages with golden files (tests named *Golden*, flag -update).
-GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/
+GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/ ./internal/inspect/
 # make image: one image with every binary (Dockerfile); needs docker or podman.
 IMAGE            ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)

@@ -171,7 +171,7 @@ func (s *Snapshot) endpointCheck(namespace, name string) Check {
 		c.Fix = deploy
 		return c
 	}
-	c.Result, c.Message = Pass, fmt.Sprintf("Service %s/%s has %d ready endpoint(s)", namespace, name, ready)
+	c.Result, c.Message = Pass, fmt.Sprintf("Service %s/%s has %s", namespace, name, count(ready, "ready endpoint"))
 	return c
 }
 

@@ -365,7 +365,7 @@ func checkInventory(n *corev1.Node) Check {
 	}
 	allocQ := n.Status.Allocatable[vgpu.ResourceGPU]
 	want := int64(inv.Healthy() * inv.SplitCount)
-	msg := fmt.Sprintf("%d GPUs (%s), %d healthy × %d slices = %d devices", len(inv.GPUs), models(inv), inv.Healthy(), inv.SplitCount, want)
+	msg := fmt.Sprintf("%s (%s), %d healthy × %d slices = %d devices", count(len(inv.GPUs), "GPU"), models(inv), inv.Healthy(), inv.SplitCount, want)
 	switch alloc := allocQ.Value(); {
 	case alloc == 0:
 		c.Result, c.Message = Pass, msg
@@ -378,19 +378,27 @@ func checkInventory(n *corev1.Node) Check {
 	return c
 }
 
+// count is "1 GPU" or "n GPUs".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // models is the inventory's models with their counts: "2× A100, 1× T4".
 func models(inv vgpu.NodeInventory) string {
 	var names []string
-	count := map[string]int{}
+	per := map[string]int{}
 	for _, g := range inv.GPUs {
-		if count[g.Model] == 0 {
+		if per[g.Model] == 0 {
 			names = append(names, g.Model)
 		}
-		count[g.Model]++
+		per[g.Model]++
 	}
 	parts := make([]string, 0, len(names))
 	for _, m := range names {
-		parts = append(parts, fmt.Sprintf("%d× %s", count[m], m))
+		parts = append(parts, fmt.Sprintf("%d× %s", per[m], m))
 	}
 	return strings.Join(parts, ", ")
 }

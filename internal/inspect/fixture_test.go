@@ -56,8 +56,8 @@ func pluginPodObj(node string, ready bool, restarts int32) corev1.Pod {
 		Spec: corev1.PodSpec{NodeName: node, Volumes: []corev1.Volume{{Name: devicePluginVolume, VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/kubelet/device-plugins"}}}}},
 		Status: corev1.PodStatus{
-			Phase:      corev1.PodRunning,
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}},
+			Phase:             corev1.PodRunning,
+			Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: status}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "device-plugin", RestartCount: restarts}},
 		},
 	}

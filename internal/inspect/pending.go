@@ -21,11 +21,14 @@ const unscheduledGrace = time.Minute
 func (s *Snapshot) pendingChecks() []Check {
 	names := s.schedulerNames()
 	var urls []string
+	logs := "kubectl -n <namespace> logs deployment/<release>-scheduler -c extender"
 	for i := range s.ConfigMaps {
 		if sc, err := parseSchedulerConfig(&s.ConfigMaps[i]); err == nil {
 			for _, e := range sc.file.Extenders {
 				urls = append(urls, e.URLPrefix)
 			}
+			// The chart names the scheduler's ConfigMap after its Deployment.
+			logs = fmt.Sprintf("kubectl -n %s logs deployment/%s -c extender", s.ConfigMaps[i].Namespace, s.ConfigMaps[i].Name)
 		}
 	}
 	extender := Check{Name: "extender", Result: Pass, Message: "no pending GPU pod reports an extender error"}
@@ -58,7 +61,7 @@ func (s *Snapshot) pendingChecks() []Check {
 			if mentionsAny(cond.Message, urls) || strings.Contains(cond.Message, "extender") {
 				extender.Result = Fail
 				extender.Message = fmt.Sprintf("kube-scheduler cannot use the gpuslice extender (pod %s): %s", key, cond.Message)
-				extender.Fix = "the extender container of the gpuslice scheduler pod is not serving: kubectl -n <namespace> logs deployment/<release>-scheduler -c extender"
+				extender.Fix = "the extender container of the gpuslice scheduler pod is not serving: " + logs
 			}
 		default:
 			c.Message = fmt.Sprintf("pod %s pending for %s: %s", key, age, plainWords(cond.Message))
