@@ -44,15 +44,17 @@ type Report struct {
 	Failures int     `json:"failures"`
 }
 
-// The node condition the device plugin publishes (issue 12 §1), and its
-// reasons.
+// ConditionRegistered is the node condition the device plugin publishes
+// about its registration with the kubelet.
+const ConditionRegistered corev1.NodeConditionType = "GPUSliceRegistered"
+
+// The reasons of ConditionRegistered.
 const (
-	ConditionRegistered        corev1.NodeConditionType = "GPUSliceRegistered"
-	ReasonRegistered                                    = "Registered"
-	ReasonKubeletSocketMissing                          = "KubeletSocketMissing"
-	ReasonRegisterFailed                                = "RegisterFailed"
-	ReasonNoHealthyGPUs                                 = "NoHealthyGPUs"
-	ReasonDriverNotFound                                = "DriverNotFound"
+	ReasonRegistered           = "Registered"
+	ReasonKubeletSocketMissing = "KubeletSocketMissing"
+	ReasonRegisterFailed       = "RegisterFailed"
+	ReasonNoHealthyGPUs        = "NoHealthyGPUs"
+	ReasonDriverNotFound       = "DriverNotFound"
 )
 
 // devicePluginGracePeriod is how long the kubelet keeps a resource's

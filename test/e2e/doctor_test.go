@@ -121,7 +121,7 @@ func TestDoctorFindsEachBreak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(moved) })
+	t.Cleanup(func() { _ = os.RemoveAll(moved) })
 	opts := clusterOptions(
 		cluster.NodeOptions{Name: "node-ok", Labels: gpuNode},
 		cluster.NodeOptions{Name: "node-moved", Labels: gpuNode, NoPlugin: true, PluginArgs: []string{"--device-plugin-dir=" + moved}},
@@ -296,4 +296,3 @@ func staleLease(ctx context.Context, t *testing.T, c *cluster.Cluster, node stri
 		t.Fatal(err)
 	}
 }
-
