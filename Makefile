@@ -35,6 +35,20 @@ build: ## Build the binaries into _output/bin, gpuslice also as kubectl-gpuslice
 	go build -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 	cp $(BIN)/gpuslice $(BIN)/kubectl-gpuslice
 
+# make krew: the platforms of the kubectl-gpuslice archives (hack/krew/gpuslice.yaml lists the same).
+KREW_PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+
+.PHONY: krew
+krew: ## Build the kubectl-gpuslice archives for krew and their manifest into _output/krew (VERSION=vX.Y.Z).
+	rm -rf $(OUT)/krew && mkdir -p $(OUT)/krew
+	@for p in $(KREW_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; d=$(OUT)/krew/$$os-$$arch; \
+		echo "building kubectl-gpuslice for $$os/$$arch"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $$d/kubectl-gpuslice ./cmd/gpuslice || exit 1; \
+		tar -czf $(OUT)/krew/kubectl-gpuslice_$(VERSION)_$${os}_$${arch}.tar.gz -C $$d kubectl-gpuslice && rm -rf $$d || exit 1; \
+	done
+	cd test && go run ./cmd/krew-manifest --template ../hack/krew/gpuslice.yaml --tag $(VERSION) --archives ../$(OUT)/krew --out ../$(OUT)/krew/gpuslice.yaml
+	@echo "install locally: kubectl krew install --manifest=$(OUT)/krew/gpuslice.yaml --archive=$(OUT)/krew/kubectl-gpuslice_$(VERSION)_linux_amd64.tar.gz"
+
 .PHONY: image
 image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no docker or podman found; build the Dockerfile on a machine with a container engine" >&2; exit 1; }
