@@ -90,8 +90,8 @@ bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through ku
 	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
-demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).
-	cd test && go run ./cmd/gpuslice-demo up
+demo: cluster build ## Start a 2-node fake-GPU cluster with sample pods, print kubectl gpuslice status and the KUBECONFIG (root).
+	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) up
 
 .PHONY: demo-down
 demo-down: ## Stop the demo cluster; leaves no process, mount or file.

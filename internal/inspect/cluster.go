@@ -217,9 +217,12 @@ func (s *Snapshot) schedulerChecks() []Check {
 		}
 	}
 	if len(checks) == 0 {
-		return []Check{{Name: "scheduler-profile", Result: Fail,
-			Message: "no gpuslice scheduler ConfigMap: no kube-scheduler profile calls the gpuslice extender",
-			Fix:     "install the chart with scheduler.enabled=true"}}
+		// Without the chart's scheduler the profile may still exist (a
+		// scheduler configured by hand); the pending-pod and extender lines
+		// then tell whether it works.
+		return []Check{{Name: "scheduler-profile", Result: Warn,
+			Message: "no gpuslice scheduler ConfigMap, so no profile to check: the chart's scheduler is disabled or gpuslice was installed otherwise",
+			Fix:     "unless a kube-scheduler profile of your own calls the gpuslice extender, install the chart with scheduler.enabled=true"}}
 	}
 	return checks
 }

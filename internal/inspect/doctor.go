@@ -133,12 +133,17 @@ func (s *Snapshot) pluginPod(node string) *corev1.Pod {
 // plugin registers: its pod, the kubelet's view, then what it published.
 func (s *Snapshot) nodeChecks(n *corev1.Node) []Check {
 	pod := s.pluginPod(n.Name)
-	checks := []Check{s.checkPluginPod(n, pod)}
+	lease, hasLease := s.Leases[n.Name]
+	hb := s.checkHeartbeat(n, lease, hasLease, pod)
+	podCheck := s.checkPluginPod(n, pod)
+	if pod == nil && hb.fresh && hb.heartbeat != nil && hb.heartbeat.Registered {
+		podCheck.Result = Warn
+		podCheck.Message += ", but a registered device plugin renews its heartbeat: it runs outside a pod of the chart"
+	}
+	checks := []Check{podCheck}
 	if pod != nil {
 		checks = append(checks, checkPluginReady(pod))
 	}
-	lease, hasLease := s.Leases[n.Name]
-	hb := s.checkHeartbeat(n, lease, hasLease, pod)
 	cond := checkCondition(n)
 	checks = append(checks, cond, checkAllocatable(n, pod), checkReadyLabel(n, pod), hb.Check, checkInventory(n), s.checkKubeletSocket(n, hb, pod))
 	return checks

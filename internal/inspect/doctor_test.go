@@ -36,11 +36,16 @@ func TestDoctorBreaks(t *testing.T) {
 		"healthy heartbeat": {func(*Snapshot) {}, "gpu-a", "heartbeat", Pass, "renewed 4s ago", ""},
 		"no plugin pod": {func(s *Snapshot) {
 			s.Pods = s.Pods[:3]
+			delete(s.Leases, "gpu-a")
 			nodeOf(s, "gpu-a").Labels["role"] = "gpu"
 			s.DaemonSets[0].Spec.Template.Spec.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
 		}, "gpu-a", "plugin-pod", Fail, "no gpuslice device-plugin pod", "needs label nvidia.com/gpu.present=true"},
-		"no chart":         {func(s *Snapshot) { s.Pods, s.DaemonSets = s.Pods[:3], nil }, "gpu-a", "plugin-pod", Fail, "no gpuslice device-plugin pod", "install the chart"},
-		"plugin restarted": {func(s *Snapshot) { s.Pods[3] = pluginPodObj("gpu-a", true, 2) }, "gpu-a", "plugin-ready", Warn, "2 restarts; last exit OOMKilled (code 137)", "raise devicePlugin.resources.limits.memory"},
+		"no chart": {func(s *Snapshot) {
+			s.Pods, s.DaemonSets = s.Pods[:3], nil
+			delete(s.Leases, "gpu-a")
+		}, "gpu-a", "plugin-pod", Fail, "no gpuslice device-plugin pod", "install the chart"},
+		"plugin outside a pod": {func(s *Snapshot) { s.Pods, s.DaemonSets = s.Pods[:3], nil }, "gpu-a", "plugin-pod", Warn, "runs outside a pod of the chart", "install the chart"},
+		"plugin restarted":     {func(s *Snapshot) { s.Pods[3] = pluginPodObj("gpu-a", true, 2) }, "gpu-a", "plugin-ready", Warn, "2 restarts; last exit OOMKilled (code 137)", "raise devicePlugin.resources.limits.memory"},
 		"condition false": {func(s *Snapshot) {
 			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonRegisterFailed, Message: "kubelet: resource already registered"}}
 		}, "gpu-a", "condition", Fail, "GPUSliceRegistered=False (RegisterFailed): kubelet: resource already registered", "kubelet's log"},
@@ -79,7 +84,7 @@ func TestDoctorBreaks(t *testing.T) {
 			ignore := admissionregistrationv1.Ignore
 			s.Webhooks[0].Webhooks[0].FailurePolicy = &ignore
 		}, "", "webhook-admission", Fail, `schedulerName "default-scheduler", not gpuslice-scheduler`, "failurePolicy Ignore"},
-		"no scheduler": {func(s *Snapshot) { s.ConfigMaps = nil }, "", "scheduler-profile", Fail, "no kube-scheduler profile calls the gpuslice extender", "scheduler.enabled=true"},
+		"no scheduler": {func(s *Snapshot) { s.ConfigMaps = nil }, "", "scheduler-profile", Warn, "no gpuslice scheduler ConfigMap", "scheduler.enabled=true"},
 		"profile without bind": {func(s *Snapshot) {
 			s.ConfigMaps[0].Data[schedulerConfigKey] = "profiles:\n- schedulerName: gpuslice-scheduler\nextenders:\n- urlPrefix: http://x\n  filterVerb: filter\n"
 		}, "", "scheduler-profile", Fail, "no extender with filterVerb and bindVerb", ""},

@@ -55,7 +55,8 @@ type Snapshot struct {
 	Deployments []appsv1.Deployment
 	// ConfigMaps are the chart's scheduler ConfigMaps (LoadOptions.SchedulerConfig).
 	ConfigMaps []corev1.ConfigMap
-	// Webhooks are the chart's MutatingWebhookConfigurations.
+	// Webhooks are the chart's MutatingWebhookConfigurations, and any other
+	// with a webhook named *.gpuslice.io.
 	Webhooks []admissionregistrationv1.MutatingWebhookConfiguration
 	// Services and EndpointSlices are those of the webhooks' Services.
 	Services       []corev1.Service
@@ -169,11 +170,15 @@ func (s *Snapshot) loadChart(ctx context.Context, client kubernetes.Interface, o
 		return fmt.Errorf("list gpuslice Deployments: %w", err)
 	}
 	s.Deployments = deps.Items
-	whs, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, chart)
+	whs, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("list gpuslice MutatingWebhookConfigurations: %w", err)
+		return fmt.Errorf("list MutatingWebhookConfigurations: %w", err)
 	}
-	s.Webhooks = whs.Items
+	for _, c := range whs.Items {
+		if isGPUSliceWebhook(&c) {
+			s.Webhooks = append(s.Webhooks, c)
+		}
+	}
 	for _, c := range s.Webhooks {
 		for _, w := range c.Webhooks {
 			ref := w.ClientConfig.Service
@@ -206,6 +211,23 @@ func (s *Snapshot) loadChart(ctx context.Context, client kubernetes.Interface, o
 		s.DryRun = dryRun(ctx, client, opts.DryRunNamespace)
 	}
 	return nil
+}
+
+// webhookSuffix ends the name of gpuslice's webhooks ("pods.gpuslice.io").
+const webhookSuffix = ".gpuslice.io"
+
+// isGPUSliceWebhook reports whether c is the chart's, or holds a webhook
+// named like gpuslice's (an installation without the chart).
+func isGPUSliceWebhook(c *admissionregistrationv1.MutatingWebhookConfiguration) bool {
+	if c.Labels[LabelPartOf] == PartOf {
+		return true
+	}
+	for _, w := range c.Webhooks {
+		if strings.HasSuffix(w.Name, webhookSuffix) {
+			return true
+		}
+	}
+	return false
 }
 
 // dryRunPodName names the pod doctor asks the API server to admit, never
