@@ -14,17 +14,12 @@ var errChecksFailed = errors.New("doctor: some checks failed")
 // runDoctor prints the registration checklist of the named nodes (or
 // every GPU node) and the cluster's checks.
 func runDoctor(ctx context.Context, args []string, out io.Writer, conn connect) error {
-	var k kubeFlags
-	fs := newFlagSet("doctor", out)
-	k.add(fs)
-	output := fs.StringP("output", "o", "", "output format: json (default a checklist)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	format, err := inspect.ParseFormat(*output, inspect.FormatJSON)
+	cmd := newCommand("doctor", "output format: json (default a checklist)", out)
+	format, err := cmd.parse(args, inspect.FormatJSON)
 	if err != nil {
 		return err
 	}
+	k := cmd.kube
 	client, ns, err := conn(k)
 	if err != nil {
 		return err
@@ -33,7 +28,7 @@ func runDoctor(ctx context.Context, args []string, out io.Writer, conn connect) 
 	if err != nil {
 		return err
 	}
-	report, err := inspect.Doctor(snap, fs.Args())
+	report, err := inspect.Doctor(snap, cmd.fs.Args())
 	if err != nil {
 		return err
 	}

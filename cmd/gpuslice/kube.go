@@ -56,13 +56,31 @@ func kubeconfigClient(k kubeFlags) (kubernetes.Interface, string, error) {
 	return client, ns, nil
 }
 
-// newFlagSet returns a flag set that, like kubectl's, takes flags after
-// positional arguments.
-func newFlagSet(name string, out io.Writer) *pflag.FlagSet {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.SetInterspersed(true)
-	return fs
+// command is what status, doctor and why share: a flag set that, like
+// kubectl's, takes flags after positional arguments, the kubeconfig flags
+// and -o.
+type command struct {
+	fs     *pflag.FlagSet
+	kube   kubeFlags
+	output string
+}
+
+// newCommand returns the flags of subcommand name; outputHelp describes -o.
+func newCommand(name, outputHelp string, out io.Writer) *command {
+	c := &command{fs: pflag.NewFlagSet(name, pflag.ContinueOnError)}
+	c.fs.SetOutput(out)
+	c.fs.SetInterspersed(true)
+	c.kube.add(c.fs)
+	c.fs.StringVarP(&c.output, "output", "o", "", outputHelp)
+	return c
+}
+
+// parse reads args and returns the -o format, one of formats or the table.
+func (c *command) parse(args []string, formats ...inspect.Format) (inspect.Format, error) {
+	if err := c.fs.Parse(args); err != nil {
+		return "", err
+	}
+	return inspect.ParseFormat(c.output, formats...)
 }
 
 // styleFor colours output only on a terminal, and never with $NO_COLOR.

@@ -15,38 +15,33 @@ import (
 // runStatus prints the GPU nodes' use: once, or on every change with
 // --watch until ctx ends.
 func runStatus(ctx context.Context, args []string, out io.Writer, conn connect) error {
-	var k kubeFlags
-	fs := newFlagSet("status", out)
-	k.add(fs)
+	cmd := newCommand("status", "output format: wide, json or yaml (default a table)", out)
+	fs, k := cmd.fs, &cmd.kube
 	node := fs.String("node", "", "show only this node")
-	output := fs.StringP("output", "o", "", "output format: wide, json or yaml (default a table)")
 	watch := fs.BoolP("watch", "w", false, "redraw whenever something changes, until interrupted")
 	interval := fs.Duration("interval", 2*time.Second, "with --watch, how often to read the API server")
-	if err := fs.Parse(args); err != nil {
+	format, err := cmd.parse(args, inspect.FormatWide, inspect.FormatJSON, inspect.FormatYAML)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("status takes no arguments, got %q (use --node NAME)", fs.Args())
 	}
-	format, err := inspect.ParseFormat(*output, inspect.FormatWide, inspect.FormatJSON, inspect.FormatYAML)
-	if err != nil {
-		return err
-	}
 	if *interval <= 0 {
 		return fmt.Errorf("--interval=%s: must be above 0", *interval)
 	}
-	client, _, err := conn(k)
+	client, _, err := conn(*k)
 	if err != nil {
 		return err
 	}
 	st := styleFor(out)
 	if !*watch {
-		return printStatus(ctx, out, client, k, *node, format, st)
+		return printStatus(ctx, out, client, *k, *node, format, st)
 	}
 	var last []byte
 	for {
 		var buf bytes.Buffer
-		if err := printStatus(ctx, &buf, client, k, *node, format, st); err != nil {
+		if err := printStatus(ctx, &buf, client, *k, *node, format, st); err != nil {
 			return err
 		}
 		if !bytes.Equal(buf.Bytes(), last) {

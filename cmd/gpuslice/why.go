@@ -12,19 +12,14 @@ import (
 
 // runWhy explains, for one pod, every node's verdict.
 func runWhy(ctx context.Context, args []string, out io.Writer, conn connect) error {
-	var k kubeFlags
-	fs := newFlagSet("why", out)
-	k.add(fs)
-	output := fs.StringP("output", "o", "", "output format: json or yaml (default a table)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("why takes one pod name, got %d arguments (usage: gpuslice why POD [-n NAMESPACE])", fs.NArg())
-	}
-	format, err := inspect.ParseFormat(*output, inspect.FormatJSON, inspect.FormatYAML)
+	cmd := newCommand("why", "output format: json or yaml (default a table)", out)
+	format, err := cmd.parse(args, inspect.FormatJSON, inspect.FormatYAML)
 	if err != nil {
 		return err
+	}
+	fs, k := cmd.fs, cmd.kube
+	if fs.NArg() != 1 {
+		return fmt.Errorf("why takes one pod name, got %d arguments (usage: gpuslice why POD [-n NAMESPACE])", fs.NArg())
 	}
 	client, ns, err := conn(k)
 	if err != nil {

@@ -364,8 +364,10 @@ func checkInventory(n *corev1.Node) Check {
 	inv, err := inventoryOf(n)
 	if err != nil {
 		c.Result, c.Message = Fail, err.Error()
-		c.Fix = "the plugin writes it once it has read its GPUs: read the plugin's log"
-		if !errors.Is(err, errNoInventory) {
+		c.Fix = "the device plugin writes it once it has read its GPUs: read the plugin's log"
+		if errors.Is(err, vgpu.ErrNoInventory) {
+			c.Message += ": the device plugin has not published this node's GPUs"
+		} else {
 			c.Fix = "a plugin of another version or a hand edit wrote it; restart the plugin so it writes its own"
 		}
 		return c

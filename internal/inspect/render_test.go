@@ -30,22 +30,16 @@ func TestStatusGolden(t *testing.T) {
 			golden(t, tt.file, b.String())
 		})
 	}
-	t.Run("status.json", func(t *testing.T) {
-		t.Parallel()
-		var b bytes.Buffer
-		if err := Encode(&b, FormatJSON, map[string]any{"nodes": nodes}); err != nil {
-			t.Fatal(err)
-		}
-		golden(t, "status.json", b.String())
-	})
-	t.Run("status.yaml", func(t *testing.T) {
-		t.Parallel()
-		var b bytes.Buffer
-		if err := Encode(&b, FormatYAML, map[string]any{"nodes": nodes}); err != nil {
-			t.Fatal(err)
-		}
-		golden(t, "status.yaml", b.String())
-	})
+	for file, f := range map[string]Format{"status.json": FormatJSON, "status.yaml": FormatYAML} {
+		t.Run(file, func(t *testing.T) {
+			t.Parallel()
+			var b bytes.Buffer
+			if err := Encode(&b, f, map[string]any{"nodes": nodes}); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, file, b.String())
+		})
+	}
 }
 
 func TestDoctorGolden(t *testing.T) {

@@ -151,15 +151,12 @@ func nodeStatus(n *corev1.Node, pods []placedPod) NodeStatus {
 	return ns
 }
 
-// errNoInventory is inventoryOf's error for a Node without the annotation.
-var errNoInventory = fmt.Errorf("no %s annotation: the device plugin has not published this node's GPUs", vgpu.AnnotationNodeInventory)
-
 // inventoryOf parses n's inventory and checks that it names n, as the
-// extender does.
+// extender does; vgpu.ErrNoInventory when n has none.
 func inventoryOf(n *corev1.Node) (vgpu.NodeInventory, error) {
 	raw, ok := n.Annotations[vgpu.AnnotationNodeInventory]
 	if !ok {
-		return vgpu.NodeInventory{}, errNoInventory
+		return vgpu.NodeInventory{}, vgpu.ErrNoInventory
 	}
 	inv, err := vgpu.ParseNodeInventory(raw)
 	if err != nil {

@@ -14,24 +14,9 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// Reasons the scheduler extender turns a node away before it asks
-// vgpu.Fit, with its words: every message starts with notReady. They are
-// the extender's (extender/evaluate.go), checked in the same order;
-// an e2e test compares them with the extender's FailedScheduling events.
-const (
-	ReasonNoInventory        vgpu.Reason = "NoInventory"
-	ReasonMalformedInventory vgpu.Reason = "MalformedInventory"
-	ReasonReadyLabel         vgpu.Reason = "ReadyLabel"
-	ReasonNoAllocatable      vgpu.Reason = "NoAllocatable"
-	ReasonNoHeartbeat        vgpu.Reason = "NoHeartbeat"
-	ReasonStaleHeartbeat     vgpu.Reason = "StaleHeartbeat"
-	ReasonNotRegistered      vgpu.Reason = "NotRegistered"
-	// ReasonInvalidRequest: the pod's GPU request or placement annotations
-	// do not parse; it fits nowhere.
-	ReasonInvalidRequest vgpu.Reason = "InvalidRequest"
-)
-
-const notReady = "plugin not ready: "
+// ReasonInvalidRequest: the pod's GPU request or placement annotations do
+// not parse; it fits nowhere.
+const ReasonInvalidRequest vgpu.Reason = "InvalidRequest"
 
 // defaultHeartbeatMaxAge is the extender's default heartbeatMaxAge.
 const defaultHeartbeatMaxAge = 60 * time.Second
@@ -139,49 +124,26 @@ func demandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
 }
 
 // unready fills v and returns true when the extender would turn node n
-// away before Fit: its checks, in its order, with its words.
+// away before Fit: vgpu's readiness checks, as the extender calls them.
 func (s *Snapshot) unready(n *corev1.Node, invErr error, maxAge time.Duration, v *NodeVerdict) bool {
-	set := func(reason vgpu.Reason, format string, args ...any) bool {
-		v.Reason, v.Message = reason, notReady+fmt.Sprintf(format, args...)
-		return true
-	}
 	label, hasLabel := n.Labels[vgpu.LabelGPUReady]
 	allocQ := n.Status.Allocatable[vgpu.ResourceGPU]
-	switch {
-	case errors.Is(invErr, errNoInventory):
-		return set(ReasonNoInventory, "no %s annotation on the node", vgpu.AnnotationNodeInventory)
-	case invErr != nil:
-		return set(ReasonMalformedInventory, "%v", invErr)
-	case !hasLabel:
-		return set(ReasonReadyLabel, "label %s is missing", vgpu.LabelGPUReady)
-	}
-	if ready, err := vgpu.ParseReadyLabel(label); err != nil {
-		return set(ReasonReadyLabel, "label %s is %q (must be \"true\" or \"false\")", vgpu.LabelGPUReady, label)
-	} else if !ready {
-		return set(ReasonReadyLabel, "label %s is %q", vgpu.LabelGPUReady, label)
-	}
-	if allocQ.Value() <= 0 {
-		return set(ReasonNoAllocatable, "allocatable %s is 0", vgpu.ResourceGPU)
-	}
-	l, ok := s.Leases[n.Name]
-	switch {
-	case !ok:
-		return set(ReasonNoHeartbeat, "no heartbeat Lease in namespace %s", s.HeartbeatNamespace)
-	case l.Spec.RenewTime == nil:
-		return set(ReasonNoHeartbeat, "heartbeat Lease has no renewTime")
-	case s.Now.Sub(l.Spec.RenewTime.Time) > maxAge:
-		return set(ReasonStaleHeartbeat, "heartbeat Lease not renewed for more than %s", maxAge)
-	}
-	if raw, has := l.Annotations[vgpu.AnnotationPluginHeartbeat]; has {
-		h, err := vgpu.ParsePluginHeartbeat(raw)
-		switch {
-		case err != nil:
-			return set(ReasonNotRegistered, "%v", err)
-		case !h.Registered:
-			return set(ReasonNotRegistered, "heartbeat says the device plugin is not registered with the kubelet")
+	r := vgpu.NodeReadiness(invErr, label, hasLabel, allocQ.Value(), vgpu.ResourceGPU)
+	if r.Ready() {
+		h := vgpu.Heartbeat{}
+		if l, ok := s.Leases[n.Name]; ok {
+			h.Exists = true
+			if l.Spec.RenewTime != nil {
+				h.RenewTime = l.Spec.RenewTime.Time
+			}
+			if h.Raw = l.Annotations[vgpu.AnnotationPluginHeartbeat]; h.Raw != "" {
+				h.Parsed, h.Err = vgpu.ParsePluginHeartbeat(h.Raw)
+			}
 		}
+		r = vgpu.HeartbeatReadiness(h, s.Now, maxAge, s.HeartbeatNamespace)
 	}
-	return false
+	v.Reason, v.Message = r.Reason, r.Message
+	return !r.Ready()
 }
 
 // extenderSettings returns the Fit options and heartbeat age of the

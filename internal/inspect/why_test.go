@@ -32,18 +32,18 @@ func TestWhyReasons(t *testing.T) {
 		reason  vgpu.Reason
 		message string
 	}{
-		"no inventory":        {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Annotations, vgpu.AnnotationNodeInventory) }, ReasonNoInventory, "plugin not ready: no hami.io/node-gpu-inventory annotation on the node"},
-		"malformed inventory": {func(s *Snapshot) { nodeOf(s, "gpu-a").Annotations[vgpu.AnnotationNodeInventory] = "{" }, ReasonMalformedInventory, ""},
-		"label missing":       {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Labels, vgpu.LabelGPUReady) }, ReasonReadyLabel, "plugin not ready: label hami.io/gpu.ready is missing"},
-		"label false":         {func(s *Snapshot) { nodeOf(s, "gpu-a").Labels[vgpu.LabelGPUReady] = "false" }, ReasonReadyLabel, `plugin not ready: label hami.io/gpu.ready is "false"`},
-		"label garbled":       {func(s *Snapshot) { nodeOf(s, "gpu-a").Labels[vgpu.LabelGPUReady] = "1" }, ReasonReadyLabel, `plugin not ready: label hami.io/gpu.ready is "1" (must be "true" or "false")`},
-		"no allocatable":      {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Status.Allocatable, vgpu.ResourceGPU) }, ReasonNoAllocatable, "plugin not ready: allocatable hami.io/gpu is 0"},
-		"no lease":            {func(s *Snapshot) { delete(s.Leases, "gpu-a") }, ReasonNoHeartbeat, "plugin not ready: no heartbeat Lease in namespace kube-node-lease"},
+		"no inventory":        {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Annotations, vgpu.AnnotationNodeInventory) }, vgpu.ReasonNoInventory, "plugin not ready: no hami.io/node-gpu-inventory annotation on the node"},
+		"malformed inventory": {func(s *Snapshot) { nodeOf(s, "gpu-a").Annotations[vgpu.AnnotationNodeInventory] = "{" }, vgpu.ReasonMalformedInventory, ""},
+		"label missing":       {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Labels, vgpu.LabelGPUReady) }, vgpu.ReasonReadyLabel, "plugin not ready: label hami.io/gpu.ready is missing"},
+		"label false":         {func(s *Snapshot) { nodeOf(s, "gpu-a").Labels[vgpu.LabelGPUReady] = "false" }, vgpu.ReasonReadyLabel, `plugin not ready: label hami.io/gpu.ready is "false"`},
+		"label garbled":       {func(s *Snapshot) { nodeOf(s, "gpu-a").Labels[vgpu.LabelGPUReady] = "1" }, vgpu.ReasonReadyLabel, `plugin not ready: label hami.io/gpu.ready is "1" (must be "true" or "false")`},
+		"no allocatable":      {func(s *Snapshot) { delete(nodeOf(s, "gpu-a").Status.Allocatable, vgpu.ResourceGPU) }, vgpu.ReasonNoAllocatable, "plugin not ready: allocatable hami.io/gpu is 0"},
+		"no lease":            {func(s *Snapshot) { delete(s.Leases, "gpu-a") }, vgpu.ReasonNoHeartbeat, "plugin not ready: no heartbeat Lease in namespace kube-node-lease"},
 		"no renewTime": {func(s *Snapshot) {
 			s.Leases["gpu-a"] = *vgputest.HeartbeatLease("gpu-a", now).RenewedAt(time.Time{}).Obj()
-		}, ReasonNoHeartbeat, "plugin not ready: heartbeat Lease has no renewTime"},
-		"stale":          {func(s *Snapshot) { s.Now = s.Now.Add(2 * time.Minute) }, ReasonStaleHeartbeat, "plugin not ready: heartbeat Lease not renewed for more than 1m0s"},
-		"not registered": {func(s *Snapshot) { s.Leases["gpu-a"] = s.Leases["gpu-c"] }, ReasonNotRegistered, "plugin not ready: heartbeat says the device plugin is not registered with the kubelet"},
+		}, vgpu.ReasonNoHeartbeat, "plugin not ready: heartbeat Lease has no renewTime"},
+		"stale":          {func(s *Snapshot) { s.Now = s.Now.Add(2 * time.Minute) }, vgpu.ReasonStaleHeartbeat, "plugin not ready: heartbeat Lease not renewed for more than 1m0s"},
+		"not registered": {func(s *Snapshot) { s.Leases["gpu-a"] = s.Leases["gpu-c"] }, vgpu.ReasonNotRegistered, "plugin not ready: heartbeat says the device plugin is not registered with the kubelet"},
 		"too big":        {func(*Snapshot) {}, vgpu.ReasonInsufficientMemory, "insufficient memory: needs 100000 MiB, largest free 81920 MiB on GPU-a1"},
 		"invalid request": {func(s *Snapshot) {
 			s.Pods[0].Annotations = map[string]string{vgpu.AnnotationNodePolicy: "tetris"}

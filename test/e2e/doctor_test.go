@@ -111,10 +111,7 @@ func waitCheck(t *testing.T, c *cluster.Cluster, node, name, result, message, fi
 // gpuslice's binaries. Fake: NVML and the container runtime.
 func TestDoctorFindsEachBreak(t *testing.T) {
 	requireHost(t)
-	values := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(values, []byte(doctorValues), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	values := valuesFile(t, doctorValues)
 	gpuNode := map[string]string{"gpuslice.io/test-gpu": "true"}
 	// The moved node's plugin watches a folder the kubelet does not use (short: socket paths).
 	moved, err := os.MkdirTemp("", "dp-moved-")
