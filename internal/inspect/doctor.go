@@ -9,6 +9,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -145,7 +146,7 @@ func (s *Snapshot) nodeChecks(n *corev1.Node) []Check {
 		checks = append(checks, checkPluginReady(pod))
 	}
 	cond := checkCondition(n)
-	checks = append(checks, cond, checkAllocatable(n, pod), checkReadyLabel(n, pod), hb.Check, checkInventory(n), s.checkKubeletSocket(n, hb, pod))
+	checks = append(checks, cond, s.checkAllocatable(n, pod), checkReadyLabel(n, pod), hb.Check, checkInventory(n), s.checkKubeletSocket(n, hb, pod))
 	return checks
 }
 
@@ -268,8 +269,12 @@ func restartFix(pod *corev1.Pod, node string) string {
 	return fmt.Sprintf("restart the plugin (kubectl -n %s delete pod %s) and read its log (kubectl -n %s logs %s)", pod.Namespace, pod.Name, pod.Namespace, pod.Name)
 }
 
-func checkAllocatable(n *corev1.Node, pod *corev1.Pod) Check {
+func (s *Snapshot) checkAllocatable(n *corev1.Node, pod *corev1.Pod) Check {
 	c := Check{Name: "allocatable"}
+	var renewed *metav1.MicroTime
+	if l, ok := s.Leases[n.Name]; ok {
+		renewed = l.Spec.RenewTime
+	}
 	capQ, hasCap := n.Status.Capacity[vgpu.ResourceGPU]
 	allocQ := n.Status.Allocatable[vgpu.ResourceGPU]
 	capacity, alloc := capQ.Value(), allocQ.Value()
@@ -280,6 +285,9 @@ func checkAllocatable(n *corev1.Node, pod *corev1.Pod) Check {
 	case alloc == 0:
 		c.Result = Fail
 		c.Message = fmt.Sprintf("%s capacity %d but allocatable 0: the kubelet lost the device plugin's endpoint (it keeps the capacity for %s after the plugin stops, then drops it)", vgpu.ResourceGPU, capacity, devicePluginGracePeriod)
+		if renewed != nil {
+			c.Message += fmt.Sprintf("; the plugin's heartbeat was last renewed %s ago", s.Now.Sub(renewed.Time).Round(time.Second))
+		}
 		c.Fix = "the plugin is not serving: " + restartFix(pod, n.Name)
 	case alloc < capacity:
 		c.Result, c.Message = Warn, fmt.Sprintf("%s allocatable %d of capacity %d: %d devices unhealthy", vgpu.ResourceGPU, alloc, capacity, capacity-alloc)

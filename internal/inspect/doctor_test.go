@@ -57,7 +57,7 @@ func TestDoctorBreaks(t *testing.T) {
 		}, "gpu-c", "kubelet-socket", Fail, "KubeletSocketMissing: no /var/lib/kubelet/device-plugins/kubelet.sock", "devicePlugin.kubeletRootDir"},
 		"grace period": {func(s *Snapshot) {
 			nodeOf(s, "gpu-a").Status.Allocatable[vgpu.ResourceGPU] = resource.MustParse("0")
-		}, "gpu-a", "allocatable", Fail, "capacity 8 but allocatable 0", "restart the plugin (kubectl -n gpuslice-system delete pod gpuslice-device-plugin-gpu-a)"},
+		}, "gpu-a", "allocatable", Fail, "capacity 8 but allocatable 0: the kubelet lost the device plugin's endpoint (it keeps the capacity for 5m0s after the plugin stops, then drops it); the plugin's heartbeat was last renewed 4s ago", "restart the plugin (kubectl -n gpuslice-system delete pod gpuslice-device-plugin-gpu-a)"},
 		"unhealthy devices": {func(s *Snapshot) {
 			nodeOf(s, "gpu-a").Status.Allocatable[vgpu.ResourceGPU] = resource.MustParse("4")
 		}, "gpu-a", "allocatable", Warn, "allocatable 4 of capacity 8: 4 devices unhealthy", "XID"},
