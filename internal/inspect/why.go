@@ -14,7 +14,7 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// ReasonInvalidRequest: the pod's GPU request or placement annotations do
+// ReasonInvalidRequest means the pod's GPU request or placement annotations do
 // not parse; it fits nowhere.
 const ReasonInvalidRequest vgpu.Reason = "InvalidRequest"
 
