@@ -187,6 +187,10 @@ func (s *Snapshot) admissionCheck() Check {
 		logs = fmt.Sprintf("read the webhook's log: kubectl -n %s logs deployment/%s", ref.Namespace, ref.Name)
 	}
 	switch {
+	case d.Forbidden:
+		c.Result = Warn
+		c.Message = fmt.Sprintf("cannot try a dry-run GPU pod in namespace %s: %s", d.Namespace, d.Err)
+		c.Fix = "run doctor as a user who may create pods there, or name another namespace with -n"
 	case d.Err != "":
 		c.Result = Fail
 		c.Message = fmt.Sprintf("the API server refused a dry-run GPU pod in namespace %s: %s", d.Namespace, d.Err)

@@ -79,6 +79,9 @@ func TestDoctorBreaks(t *testing.T) {
 		"webhook without endpoints": {func(s *Snapshot) { s.EndpointSlices = nil }, "", "webhook-endpoints", Fail, "has no ready endpoint", "kubectl -n gpuslice-system get pods -l app.kubernetes.io/component=webhook"},
 		"webhook Service gone":      {func(s *Snapshot) { s.Services = nil }, "", "webhook-endpoints", Fail, "does not exist", ""},
 		"webhook refuses":           {func(s *Snapshot) { s.DryRun = &DryRun{Namespace: "default", Err: "failed calling webhook"} }, "", "webhook-admission", Fail, "refused a dry-run GPU pod", "logs deployment/gpuslice-webhook"},
+		"dry run forbidden": {func(s *Snapshot) {
+			s.DryRun = &DryRun{Namespace: "default", Err: `pods is forbidden: User "viewer" cannot create resource "pods"`, Forbidden: true}
+		}, "", "webhook-admission", Warn, "cannot try a dry-run GPU pod in namespace default", "may create pods there"},
 		"webhook ignored": {func(s *Snapshot) {
 			s.DryRun.Pod.Spec.SchedulerName = corev1.DefaultSchedulerName
 			ignore := admissionregistrationv1.Ignore

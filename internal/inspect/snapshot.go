@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -78,6 +79,9 @@ type DryRun struct {
 	Pod *corev1.Pod
 	// Err is the API server's error, "" when it accepted the pod.
 	Err string
+	// Forbidden is true when Err is the caller's lack of permission to
+	// create pods there: the dry run says nothing about the webhook.
+	Forbidden bool `json:"forbidden,omitempty"`
 }
 
 // LoadOptions says what Load reads.
@@ -250,7 +254,7 @@ func dryRun(ctx context.Context, client kubernetes.Interface, namespace string) 
 	}
 	got, err := client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if err != nil {
-		return &DryRun{Namespace: namespace, Err: err.Error()}
+		return &DryRun{Namespace: namespace, Err: err.Error(), Forbidden: apierrors.IsForbidden(err)}
 	}
 	return &DryRun{Namespace: namespace, Pod: got}
 }
