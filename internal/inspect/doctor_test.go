@@ -96,6 +96,7 @@ func TestDoctorBreaks(t *testing.T) {
 			s.Pods[0].Status.Conditions[0].Reason = corev1.PodReasonSchedulerError
 			s.Pods[0].Status.Conditions[0].Message = `Post "http://127.0.0.1:8888/filter": connection refused`
 		}, "", "extender", Fail, "cannot use the gpuslice extender (pod default/big)", "kubectl -n gpuslice-system logs deployment/gpuslice-scheduler -c extender"},
+		"no extender container":    {func(s *Snapshot) { s.Deployments = nil }, "", "extender", Fail, "no gpuslice Deployment has an extender container", "helm upgrade --install"},
 		"pod bypassed the webhook": {func(s *Snapshot) { s.Pods[0].Spec.SchedulerName = corev1.DefaultSchedulerName }, "", "pending-pod", Fail, `schedulerName "default-scheduler"`, "recreate the pod"},
 		"pod never tried":          {func(s *Snapshot) { s.Pods[0].Status.Conditions = nil }, "", "pending-pod", Fail, "no scheduler tried it", "scheduler-leader"},
 		"pod just created": {func(s *Snapshot) {

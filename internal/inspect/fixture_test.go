@@ -117,6 +117,10 @@ func fixture() *Snapshot {
 			pluginPodObj("gpu-c", true, 0),
 		},
 		DaemonSets: []appsv1.DaemonSet{{ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-device-plugin", Namespace: systemNS, Labels: chartLabels(ComponentDevicePlugin)}}},
+		Deployments: []appsv1.Deployment{{
+			ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-scheduler", Namespace: systemNS, Labels: chartLabels(ComponentScheduler)},
+			Spec:       appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-scheduler"}, {Name: extenderContainer}}}}},
+		}},
 		ConfigMaps: []corev1.ConfigMap{{
 			ObjectMeta: metav1.ObjectMeta{Name: "gpuslice-scheduler", Namespace: systemNS, Labels: chartLabels(ComponentScheduler)},
 			Data: map[string]string{

@@ -31,7 +31,7 @@ func (s *Snapshot) pendingChecks() []Check {
 			logs = fmt.Sprintf("kubectl -n %s logs deployment/%s -c extender", s.ConfigMaps[i].Namespace, s.ConfigMaps[i].Name)
 		}
 	}
-	extender := Check{Name: "extender", Result: Pass, Message: "no pending GPU pod reports an extender error"}
+	extender := s.extenderDeployed(len(urls) > 0)
 	var checks []Check
 	for i := range s.Pods {
 		p := &s.Pods[i]
@@ -103,4 +103,27 @@ func plainWords(msg string) string {
 		msg += " (\"plugin not ready\": the device plugin is not serving those nodes; see their node checks)"
 	}
 	return msg
+}
+
+// extenderContainer is the name of the extender's container in the chart's
+// scheduler Deployment.
+const extenderContainer = "extender"
+
+// extenderDeployed is the extender check before the pending pods speak:
+// a FAIL when a scheduler profile calls an extender (configured) but no
+// gpuslice Deployment runs one.
+func (s *Snapshot) extenderDeployed(configured bool) Check {
+	for _, d := range s.Deployments {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name == extenderContainer {
+				return Check{Name: "extender", Result: Pass, Message: fmt.Sprintf("Deployment %s/%s runs the extender; no pending GPU pod reports an extender error", d.Namespace, d.Name)}
+			}
+		}
+	}
+	if configured {
+		return Check{Name: "extender", Result: Fail,
+			Message: "the gpuslice scheduler profile calls an extender, but no gpuslice Deployment has an extender container",
+			Fix:     "reinstall the chart (helm upgrade --install) so its scheduler Deployment comes back"}
+	}
+	return Check{Name: "extender", Result: Pass, Message: "no pending GPU pod reports an extender error"}
 }
