@@ -21,7 +21,7 @@ MODULES    := . test
 # Packages with fuzz targets (make fuzz); make test runs their seed corpora only.
 FUZZ_PKGS   := ./vgpu ./extender ./webhook ./deviceplugin
 # Packages with golden files (tests named *Golden*, flag -update).
-GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/
+GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/ ./internal/inspect/
 # make image: one image with every binary (Dockerfile); needs docker or podman.
 IMAGE            ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
@@ -31,8 +31,23 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the binaries into _output/bin.
+build: ## Build the binaries into _output/bin, gpuslice also as kubectl-gpuslice (a kubectl plugin).
 	go build -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
+	cp $(BIN)/gpuslice $(BIN)/kubectl-gpuslice
+
+# make krew: the platforms of the kubectl-gpuslice archives (hack/krew/gpuslice.yaml lists the same).
+KREW_PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+
+.PHONY: krew
+krew: ## Build the kubectl-gpuslice archives for krew and their manifest into _output/krew (VERSION=vX.Y.Z).
+	rm -rf $(OUT)/krew && mkdir -p $(OUT)/krew
+	@for p in $(KREW_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; d=$(OUT)/krew/$$os-$$arch; \
+		echo "building kubectl-gpuslice for $$os/$$arch"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -tags $(GO_TAGS) -ldflags "$(GO_LDFLAGS)" -o $$d/kubectl-gpuslice ./cmd/gpuslice || exit 1; \
+		tar -czf $(OUT)/krew/kubectl-gpuslice_$(VERSION)_$${os}_$${arch}.tar.gz -C $$d kubectl-gpuslice && rm -rf $$d || exit 1; \
+	done
+	cd test && go run ./cmd/krew-manifest --template ../hack/krew/gpuslice.yaml --tag $(VERSION) --archives ../$(OUT)/krew --out ../$(OUT)/krew/gpuslice.yaml
+	@echo "install locally: kubectl krew install --manifest=$(OUT)/krew/gpuslice.yaml --archive=$(OUT)/krew/kubectl-gpuslice_$(VERSION)_linux_amd64.tar.gz"
 
 .PHONY: image
 image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
@@ -83,8 +98,8 @@ bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through ku
 	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) FGD_CPU_TASKS=$(FGD_CPU_TASKS) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
-demo: cluster ## Start a 2-node fake-GPU cluster with sample pods and print the KUBECONFIG (root).
-	cd test && go run ./cmd/gpuslice-demo up
+demo: cluster build ## Start a 2-node fake-GPU cluster with sample pods, print kubectl gpuslice status and the KUBECONFIG (root).
+	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) up
 
 .PHONY: demo-down
 demo-down: ## Stop the demo cluster; leaves no process, mount or file.

@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -16,39 +15,36 @@ import (
 
 // Reasons the extender turns a node away before it asks vgpu.Fit, beside
 // vgpu's own Fit reasons. Every one but ReasonNodeUnknown and
-// ReasonNotSynced means the device plugin is not serving the node, and its message starts with "plugin not
-// ready: ". Counted by Scheduler.Rejections.
+// ReasonNotSynced means the device plugin is not serving the node (vgpu's
+// readiness reasons), and its message starts with "plugin not ready: ".
+// Counted by Scheduler.Rejections.
 const (
 	// ReasonNodeUnknown: the node is not (yet) in the extender's cache.
 	ReasonNodeUnknown vgpu.Reason = "NodeUnknown"
 	// ReasonNoInventory: the Node has no inventory annotation.
-	ReasonNoInventory vgpu.Reason = "NoInventory"
+	ReasonNoInventory = vgpu.ReasonNoInventory
 	// ReasonMalformedInventory: the inventory annotation does not parse,
 	// or names another node.
-	ReasonMalformedInventory vgpu.Reason = "MalformedInventory"
+	ReasonMalformedInventory = vgpu.ReasonMalformedInventory
 	// ReasonReadyLabel: the ready label is missing or not "true".
-	ReasonReadyLabel vgpu.Reason = "ReadyLabel"
+	ReasonReadyLabel = vgpu.ReasonReadyLabel
 	// ReasonNoAllocatable: the Node's allocatable resource is missing or 0.
-	ReasonNoAllocatable vgpu.Reason = "NoAllocatable"
+	ReasonNoAllocatable = vgpu.ReasonNoAllocatable
 	// ReasonNoHeartbeat: no heartbeat Lease, or one without renewTime.
-	ReasonNoHeartbeat vgpu.Reason = "NoHeartbeat"
+	ReasonNoHeartbeat = vgpu.ReasonNoHeartbeat
 	// ReasonStaleHeartbeat: the heartbeat Lease was renewed longer ago than
 	// Config.HeartbeatMaxAge.
-	ReasonStaleHeartbeat vgpu.Reason = "StaleHeartbeat"
+	ReasonStaleHeartbeat = vgpu.ReasonStaleHeartbeat
 	// ReasonNotSynced: the extender's informers have not synced yet, so
 	// it cannot tell what is free anywhere.
 	ReasonNotSynced vgpu.Reason = "NotSynced"
 	// ReasonNotRegistered: the heartbeat says the plugin is not registered
 	// with the kubelet, or does not parse.
-	ReasonNotRegistered vgpu.Reason = "NotRegistered"
+	ReasonNotRegistered = vgpu.ReasonNotRegistered
 )
 
 // notSyncedVerdict is every node's verdict before the informers synced.
 var notSyncedVerdict = rejected(ReasonNotSynced, true, fieldManager+" not ready: informer caches not synced")
-
-// notReady is the prefix of every message about a node whose device plugin
-// is not serving it.
-const notReady = "plugin not ready: "
 
 // parallelThreshold is the node count from which Filter and Prioritize
 // spread the nodes over the CPUs; chunkSize is how many nodes one worker
@@ -272,56 +268,40 @@ func (c *verdictCache) put(key string, gen uint64, v verdict) {
 
 // readinessLocked reports whether the device plugin serves node n: an
 // inventory, the ready label "true", allocatable GPUs (n.unready) and a
-// fresh heartbeat that says it is registered. Callers hold st.mu.
+// fresh heartbeat that says it is registered (vgpu.HeartbeatReadiness).
+// Callers hold st.mu.
 func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool) {
 	if n.unready != nil {
 		return *n.unready, false
 	}
-	l := n.lease
-	maxAge := s.cfg.HeartbeatMaxAge.Duration
-	switch {
-	case l == nil:
-		return rejected(ReasonNoHeartbeat, true, notReady+"no heartbeat Lease in namespace %s", s.cfg.HeartbeatNamespace), false
-	case l.renewTime.IsZero():
-		return rejected(ReasonNoHeartbeat, true, notReady+"heartbeat Lease has no renewTime"), false
-	case now.Sub(l.renewTime) > maxAge:
-		return rejected(ReasonStaleHeartbeat, true, notReady+"heartbeat Lease not renewed for more than %s", maxAge), false
-	case l.heartbeatErr != nil:
-		return rejected(ReasonNotRegistered, true, notReady+"%v", l.heartbeatErr), false
-	case l.raw != "" && !l.heartbeat.Registered:
-		return rejected(ReasonNotRegistered, true, notReady+"heartbeat says the device plugin is not registered with the kubelet"), false
+	h := vgpu.Heartbeat{}
+	if l := n.lease; l != nil {
+		h = vgpu.Heartbeat{Exists: true, RenewTime: l.renewTime, Raw: l.raw, Parsed: l.heartbeat, Err: l.heartbeatErr}
+	}
+	if r := vgpu.HeartbeatReadiness(h, now, s.cfg.HeartbeatMaxAge.Duration, s.cfg.HeartbeatNamespace); !r.Ready() {
+		return unreadyVerdict(r), false
 	}
 	return verdict{}, true
 }
 
-// nodeUnready judges what a Node says of its device plugin: inventoryErr
-// from its inventory annotation, its ready label (hasLabel false when
-// missing) and its allocatable resource (0 when missing). It returns the
-// verdict of the first check that fails, or nil when all pass. upsertNode
-// calls it once per Node event, so Filter neither re-parses the label nor
-// re-formats these messages for every candidate node.
+// unreadyVerdict is the verdict of a node whose plugin does not serve it:
+// no eviction helps.
+func unreadyVerdict(r vgpu.Readiness) verdict {
+	return verdict{reason: r.Reason, message: r.Message, unresolvable: true, node: -1}
+}
+
+// nodeUnready judges what a Node says of its device plugin
+// (vgpu.NodeReadiness): the verdict of the first check that fails, or nil
+// when all pass. upsertNode calls it once per Node event, so Filter neither
+// re-parses the label nor re-formats these messages for every candidate
+// node.
 func nodeUnready(inventoryErr error, label string, hasLabel bool, allocatable int64, resource corev1.ResourceName) *verdict {
-	unready := func(reason vgpu.Reason, format string, args ...any) *verdict {
-		v := rejected(reason, true, notReady+format, args...)
-		return &v
+	r := vgpu.NodeReadiness(inventoryErr, label, hasLabel, allocatable, resource)
+	if r.Ready() {
+		return nil
 	}
-	switch {
-	case errors.Is(inventoryErr, errNoInventory):
-		return unready(ReasonNoInventory, "%v", inventoryErr)
-	case inventoryErr != nil:
-		return unready(ReasonMalformedInventory, "%v", inventoryErr)
-	case !hasLabel:
-		return unready(ReasonReadyLabel, "label %s is missing", vgpu.LabelGPUReady)
-	}
-	if ready, err := vgpu.ParseReadyLabel(label); err != nil {
-		return unready(ReasonReadyLabel, "label %s is %q (must be \"true\" or \"false\")", vgpu.LabelGPUReady, label)
-	} else if !ready {
-		return unready(ReasonReadyLabel, "label %s is %q", vgpu.LabelGPUReady, label)
-	}
-	if allocatable <= 0 {
-		return unready(ReasonNoAllocatable, "allocatable %s is 0", resource)
-	}
-	return nil
+	v := unreadyVerdict(r)
+	return &v
 }
 
 // evaluateAll calls fn(i, verdict) for each of names under one read lock,

@@ -13,9 +13,6 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// errNoInventory marks a Node without the inventory annotation.
-var errNoInventory = errors.New("no " + vgpu.AnnotationNodeInventory + " annotation on the node")
-
 // clusterState is what the informers have told the extender, kept parsed so
 // that Filter and Prioritize read it without decoding anything. All fields
 // are guarded by mu: informer handlers and reservations write under the
@@ -169,8 +166,8 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
 	switch {
 	case !has:
-		n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
-	case raw != n.rawInventory || errors.Is(n.inventoryErr, errNoInventory):
+		n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, vgpu.ErrNoInventory
+	case raw != n.rawInventory || errors.Is(n.inventoryErr, vgpu.ErrNoInventory):
 		inv, err := vgpu.ParseNodeInventory(raw)
 		if err == nil && inv.Node != node.Name {
 			err = fmt.Errorf("%s names node %q", vgpu.AnnotationNodeInventory, inv.Node)
@@ -221,9 +218,9 @@ func (st *clusterState) deleteNode(name string) {
 	}
 	st.known--
 	n.known = false
-	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, errNoInventory
+	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, vgpu.ErrNoInventory
 	st.refreshLocked(n)
-	n.unready = nodeUnready(errNoInventory, "", false, 0, st.resourceName)
+	n.unready = nodeUnready(vgpu.ErrNoInventory, "", false, 0, st.resourceName)
 }
 
 // upsertLease records a heartbeat Lease added or updated. Other Leases in

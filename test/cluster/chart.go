@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -314,10 +315,13 @@ func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, ns, sa, path str
 // podBoundKubeconfig writes a kubeconfig for ServiceAccount sa of namespace ns whose token is
 // bound to a pod on node, as a DaemonSet pod's projected token is: such a token carries the
 // node-name claim the chart's node policy checks. Without a DaemonSet controller there is no
-// such pod, so a pause pod named name stands in for it on that node (it runs there like any pod).
-func (c *Cluster) podBoundKubeconfig(ctx context.Context, ns, sa, node, name, path string) error {
+// such pod, so a pause pod named name stands in for it on that node (it runs there like any pod),
+// with labels (the DaemonSet's pod labels), so that it is the plugin's pod to whoever looks.
+func (c *Cluster) podBoundKubeconfig(ctx context.Context, ns, sa, node, name string, labels map[string]string, path string) error {
+	all := map[string]string{"gpuslice.io/token-holder": "true"}
+	maps.Copy(all, labels)
 	pod, err := c.client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"gpuslice.io/token-holder": "true"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: all},
 		Spec: corev1.PodSpec{
 			ServiceAccountName: sa, NodeName: node, TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}},
@@ -542,7 +546,7 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}
 	kc := filepath.Join(root, "kubeconfig")
-	if err := c.podBoundKubeconfig(ctx, r.opts.Namespace, spec.ServiceAccountName, n.Name, ds.Name+"-"+n.Name, kc); err != nil {
+	if err := c.podBoundKubeconfig(ctx, r.opts.Namespace, spec.ServiceAccountName, n.Name, ds.Name+"-"+n.Name, ds.Spec.Template.Labels, kc); err != nil {
 		return err
 	}
 	health, err := freePort()
@@ -552,6 +556,7 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 	n.PluginDaemonSet = ds.Name
 	n.PluginHealthPort = health
 	args := append(pp.args, "--kubeconfig="+kc, "--health-address=127.0.0.1:"+strconv.Itoa(health))
+	args = append(args, n.PluginArgs...)
 	p, err := c.startEnv(n.Name+"/device-plugin", pp.path, args, pp.env, n.Dir)
 	if err != nil {
 		return err

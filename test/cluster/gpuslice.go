@@ -175,6 +175,16 @@ func (c *Cluster) StopWebhook() error {
 	return p.Stop()
 }
 
+// StopExtender stops the extender's process (SIGTERM, then SIGKILL); kube-scheduler keeps running
+// and fails every GPU pod's scheduling attempt until RestartExtender.
+func (c *Cluster) StopExtender() error {
+	p := c.process(ExtenderName)
+	if p == nil {
+		return errors.New("no extender is running")
+	}
+	return p.Stop()
+}
+
 // ExtenderURL returns the extender's base URL.
 func (c *Cluster) ExtenderURL() string {
 	return "http://127.0.0.1:" + strconv.Itoa(c.State.ExtenderPort)

@@ -36,7 +36,8 @@ type NodeOptions struct {
 	Name string `json:"name"`
 	// FakeGPUs is the device plugin's --fake-gpus value, e.g. "8xA100-80GB" or "4xT4-16GB,2xL4-24GB".
 	FakeGPUs string `json:"fakeGPUs"`
-	// PluginArgs are extra device-plugin flags, e.g. "--split-count=4".
+	// PluginArgs are extra device-plugin flags, e.g. "--split-count=4"; with a chart they come
+	// after the DaemonSet's arguments and override them.
 	PluginArgs []string `json:"pluginArgs,omitempty"`
 	// NoPlugin leaves the device plugin stopped: start it with Node.StartPlugin.
 	NoPlugin bool `json:"noPlugin,omitempty"`

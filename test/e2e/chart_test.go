@@ -51,6 +51,16 @@ func chartDir(t *testing.T) string {
 	return dir
 }
 
+// valuesFile writes chart values to a file of the test and returns its path.
+func valuesFile(t *testing.T, values string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(path, []byte(values), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestChartInstallUpgradeUninstall is the chart's proof on the local cluster: helm install into the
 // real API server succeeds; every gpuslice component (and kube-scheduler) runs with the command,
 // arguments, environment and configuration files of the installed Deployments and DaemonSets, with
@@ -61,10 +71,7 @@ func chartDir(t *testing.T) string {
 // Real: every Kubernetes component, helm, gpuslice's binaries. Fake: NVML and the container runtime.
 func TestChartInstallUpgradeUninstall(t *testing.T) {
 	requireHost(t)
-	values := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(values, []byte(chartValues), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	values := valuesFile(t, chartValues)
 	opts := clusterOptions(
 		cluster.NodeOptions{Name: "node-a100", Labels: map[string]string{"gpuslice.io/test-gpu": "true", "gpuslice.io/config": "a100"}},
 		cluster.NodeOptions{Name: "node-t4", Labels: map[string]string{"gpuslice.io/test-gpu": "true"}},

@@ -12,8 +12,9 @@ import (
 // run stale ones; empty when the tests will skip. Written once, before any test runs.
 var binDir string
 
-// gpusliceCommands are the product binaries the cluster runs.
-var gpusliceCommands = []string{"gpuslice-device-plugin", "gpuslice-scheduler", "gpuslice-webhook"}
+// gpusliceCommands are the product binaries the cluster runs, and the operator's CLI the tests
+// run against it.
+var gpusliceCommands = []string{"gpuslice-device-plugin", "gpuslice-scheduler", "gpuslice-webhook", "gpuslice"}
 
 // TestMain builds the gpuslice binaries from the product module into a temporary folder (seconds
 // with a warm build cache), runs the tests and removes the folder.

@@ -3,6 +3,7 @@
 // on fake GPUs (8×A100-80GB; 4×T4-16GB + 2×L4-24GB) and a fake container runtime, so that nothing
 // really runs in the pods. It needs root and the binaries of hack/build-cluster.sh.
 //
-//	gpuslice-demo up     start the cluster, create sample pods, print where they landed and the KUBECONFIG
+//	gpuslice-demo up     start the cluster, create sample pods, print where they landed, kubectl gpuslice
+//	                     status (with --cli-dir) and the KUBECONFIG
 //	gpuslice-demo down   stop every process of the cluster and remove its folder
 package main

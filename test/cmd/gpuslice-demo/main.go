@@ -26,6 +26,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", filepath.Join(os.TempDir(), "gpuslice-demo"), "the cluster's folder (short: unix socket paths live under it)")
 	binDir := fs.String("bin-dir", "", "folder of the hack/build-cluster.sh binaries (default: _output/cluster/bin above the working directory)")
+	cliDir := fs.String("cli-dir", "", "folder with kubectl-gpuslice (make build's _output/bin); when set, up ends by printing kubectl gpuslice status")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: %s [flags] up|down\n", name)
 		fs.PrintDefaults()
@@ -52,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		err = up(ctx, stdout, *dir, *binDir)
+		err = up(ctx, stdout, *dir, *binDir, *cliDir)
 	case "down":
 		began := time.Now()
 		if err = cluster.Down(statePath); err == nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -56,8 +57,9 @@ func samplePods() []samplePod {
 	}
 }
 
-// up starts the cluster in dir, creates the sample pods, waits for them to run and prints a table.
-func up(ctx context.Context, out io.Writer, dir, binDir string) error {
+// up starts the cluster in dir, creates the sample pods, waits for them to run and prints a table,
+// then "kubectl gpuslice status" when cliDir holds kubectl-gpuslice (make build).
+func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string) error {
 	statePath := filepath.Join(dir, "state.json")
 	if _, err := os.Stat(statePath); err == nil {
 		return fmt.Errorf("a demo cluster is already up (%s): run \"gpuslice-demo down\" first", statePath)
@@ -80,7 +82,21 @@ func up(ctx context.Context, out io.Writer, dir, binDir string) error {
 	if err := printPods(ctx, out, c); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes,pods -o wide\n", c.State.Kubeconfig, filepath.Join(c.State.BinDir, "kubectl"))
+	kubectl := filepath.Join(c.State.BinDir, "kubectl")
+	if cliDir != "" {
+		abs, err := filepath.Abs(cliDir)
+		if err != nil {
+			return err
+		}
+		cliDir = abs
+		if err := printStatus(ctx, out, kubectl, c.State.Kubeconfig, cliDir); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes,pods -o wide\n", c.State.Kubeconfig, kubectl)
+	if cliDir != "" {
+		fmt.Fprintf(out, "  export PATH=%s:$PATH  # kubectl-gpuslice, the kubectl plugin\n  %s gpuslice status|doctor|why POD\n", cliDir, kubectl)
+	}
 	fmt.Fprintf(out, "Logs are under %s. Stop everything with: make demo-down\n", dir)
 	return nil
 }
@@ -233,5 +249,21 @@ func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	}
 	fmt.Fprintln(out, "\nLimits are what the container runtime received: the CDI spec the device plugin wrote for each")
 	fmt.Fprintln(out, "container at its start (HAMi-core compatible env). Several pods share one GPU; nothing runs.")
+	return nil
+}
+
+// printStatus runs "kubectl gpuslice status" as a user would: kubectl finds the plugin
+// kubectl-gpuslice in cliDir (absolute) on its PATH.
+func printStatus(ctx context.Context, out io.Writer, kubectl, kubeconfig, cliDir string) error {
+	if _, err := os.Stat(filepath.Join(cliDir, "kubectl-gpuslice")); err != nil {
+		return fmt.Errorf("kubectl plugin: %w (make build makes it)", err)
+	}
+	fmt.Fprintf(out, "\n$ kubectl gpuslice status\n")
+	cmd := exec.CommandContext(ctx, kubectl, "gpuslice", "status")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "PATH="+cliDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kubectl gpuslice status: %w", err)
+	}
 	return nil
 }
