@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -63,13 +64,23 @@ type Plugin struct {
 	mu     sync.Mutex
 	reg    registration
 	regSig chan struct{} // closed and replaced when reg changes
+
+	// events records Node events; nil without Options.Client. Set by Run
+	// before anything reads it.
+	events eventRecorder
 }
 
 // registration is the plugin's standing with the kubelet.
 type registration struct {
 	Registered bool
-	Since      time.Time
-	Socket     string
+	// Since is when Registered last changed, or when the current Problem
+	// began.
+	Since  time.Time
+	Socket string
+	// Problem, while not registered, is why (a vgpu.Reason… constant of
+	// vgpu.ConditionRegistered) and Detail says it for a user; empty
+	// before the first registration attempt and between rounds.
+	Problem, Detail string
 }
 
 // New validates cfg and returns a plugin that is not yet running, with its
@@ -123,6 +134,26 @@ func (p *Plugin) registration() (registration, <-chan struct{}) {
 func (p *Plugin) setRegistration(r registration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.setRegistrationLocked(r)
+}
+
+// setProblem records why the plugin is not registered. It changes
+// nothing (and wakes no one) when the problem is the one already
+// recorded; Since is when the problem state began.
+func (p *Plugin) setProblem(reason, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.reg.Registered && p.reg.Problem == reason && p.reg.Detail == detail {
+		return
+	}
+	since := p.reg.Since
+	if p.reg.Registered || p.reg.Problem == "" || since.IsZero() {
+		since = p.opts.Clock.Now()
+	}
+	p.setRegistrationLocked(registration{Problem: reason, Detail: detail, Since: since})
+}
+
+func (p *Plugin) setRegistrationLocked(r registration) {
 	p.reg = r
 	close(p.regSig)
 	p.regSig = make(chan struct{})
@@ -162,6 +193,11 @@ func (p *Plugin) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	if p.opts.Client != nil {
+		w := newEventWriter(p.opts.Client, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"))
+		p.events = w
+		wg.Go(func() { w.run(ctx) })
+	}
 	wg.Go(func() { p.watchHealth(ctx, inv) })
 	if p.opts.Client != nil {
 		pub := &publisher{client: p.opts.Client, cfg: p.cfg, clock: p.opts.Clock, inv: inv, plugin: p, version: p.opts.PluginVersion}
@@ -181,8 +217,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 	})
 	wg.Go(func() { alloc.runGC(ctx) })
 
+	var lastStale string
 	for round := 1; ctx.Err() == nil; round++ {
-		if err := p.serveRound(ctx, round, inv, alloc, dir); err != nil {
+		if err := p.serveRound(ctx, round, inv, alloc, dir, &lastStale); err != nil {
 			cancel()
 			return err
 		}
@@ -192,8 +229,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 
 // serveRound serves one endpoint: register it, then wait until it goes
 // stale (kubelet restart, socket removed, stream ended, re-register asked)
-// or ctx ends.
-func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch) error {
+// or ctx ends. lastStale is why the previous registration ended ("" before
+// the first one); serveRound sets it for the next round.
+func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch, lastStale *string) error {
 	logger := klog.FromContext(ctx)
 	name := fmt.Sprintf("gpuslice-%s-%d-%d.sock", socketSafe(p.cfg.ResourceName), os.Getpid(), round)
 	socket := filepath.Join(p.cfg.DevicePluginDir, name)
@@ -209,8 +247,14 @@ func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, allo
 	}
 	p.setRegistration(registration{Registered: true, Since: p.opts.Clock.Now(), Socket: name})
 	logger.Info("Registered with kubelet", "endpoint", name, "round", round)
+	if *lastStale == "" {
+		p.nodeEvent(corev1.EventTypeNormal, EventRegistered, "Registered %s with the kubelet (endpoint %s)", p.cfg.ResourceName, name)
+	} else {
+		p.nodeEvent(corev1.EventTypeNormal, EventReregistered, "Registered %s with the kubelet again (endpoint %s) after: %s", p.cfg.ResourceName, name, *lastStale)
+	}
 
 	reason := p.waitStale(ctx, ep, kubelet, dir)
+	*lastStale = reason
 	p.setRegistration(registration{})
 	if ctx.Err() == nil {
 		logger.Info("Registering again", "reason", reason)
@@ -239,7 +283,30 @@ func (p *Plugin) watchHealth(ctx context.Context, inv *inventory) {
 		case ev := <-events:
 			if inv.setHealth(ev) {
 				logger.Info("GPU health changed", "gpu", ev.UUID, "health", ev.Health, "reason", ev.Reason)
+				p.healthEvent(inv, ev)
 			}
 		}
 	}
+}
+
+// nodeEvent records an event on the plugin's Node, in the background; it
+// does nothing without Options.Client.
+func (p *Plugin) nodeEvent(eventtype, reason, messageFmt string, args ...any) {
+	if p.events != nil {
+		p.events.Eventf(nodeRef(p.cfg.NodeName), eventtype, reason, messageFmt, args...)
+	}
+}
+
+// healthEvent records a GPU's health change on the Node, with the cause
+// the backend gave (the XID and its meaning, for a device fault).
+func (p *Plugin) healthEvent(inv *inventory, ev vgpu.HealthEvent) {
+	model := ""
+	if g, ok := inv.gpu(ev.UUID); ok {
+		model = " (" + g.Model + ")"
+	}
+	if ev.Health == vgpu.Healthy {
+		p.nodeEvent(corev1.EventTypeNormal, EventGPUHealthy, "GPU %s%s is healthy again: %s", ev.UUID, model, ev.Reason)
+		return
+	}
+	p.nodeEvent(corev1.EventTypeWarning, EventGPUUnhealthy, "GPU %s%s is unhealthy, its slices are withdrawn: %s", ev.UUID, model, ev.Reason)
 }

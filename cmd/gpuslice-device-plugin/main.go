@@ -52,6 +52,11 @@ func run(args []string) int {
 	logger := klog.Background().WithName(name)
 	ctx = klog.NewContext(ctx, logger)
 
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
 	backend, err := openBackend(cfg, logger)
 	var fieldErr *vgpu.FieldError
 	switch {
@@ -60,15 +65,13 @@ func run(args []string) int {
 		return 2
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		if errors.Is(err, nvidia.ErrNoDriver) && client != nil {
+			reportNoDriver(ctx, client, cfg.NodeName, err)
+		}
 		return 1
 	}
 	defer func() { _ = backend.Close() }()
 
-	client, err := kubeClient(kubeconfig)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return 2
-	}
 	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: version})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -100,6 +103,16 @@ func run(args []string) int {
 	}
 	logger.Info("Stopped")
 	return 0
+}
+
+// reportNoDriver sets the Node's registration condition to DriverNotFound
+// before the plugin exits, so that kubectl describe node shows why.
+func reportNoDriver(ctx context.Context, client deviceplugin.API, node string, cause error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := deviceplugin.ReportStartFailure(ctx, client, node, vgpu.ReasonDriverNotFound, cause.Error(), time.Now()); err != nil {
+		fmt.Fprintf(os.Stderr, "gpuslice-device-plugin: could not set the node condition: %v\n", err)
+	}
 }
 
 // serveProbes listens on addr and serves h until the returned stop is called.
