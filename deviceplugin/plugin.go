@@ -13,9 +13,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -46,6 +48,17 @@ type Options struct {
 	// plugin's own metrics, and New fails if they are already registered
 	// there.
 	Registry *prometheus.Registry
+}
+
+// eventQueueSize is how many events may wait to be written; more are
+// dropped (eventqueue.Queue).
+const eventQueueSize = 64
+
+// eventRecorder records events on pods and on the Node. It is the Eventf
+// of client-go's record.EventRecorder, so that tests can use
+// record.FakeRecorder; the plugin's is an eventqueue.Queue.
+type eventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
 }
 
 // Plugin is the node agent for one resource. Create it with New and run it
@@ -194,9 +207,13 @@ func (p *Plugin) Run(ctx context.Context) error {
 	defer cancel()
 
 	if p.opts.Client != nil {
-		w := newEventWriter(p.opts.Client, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"))
+		create := func(ctx context.Context, ev *corev1.Event) error {
+			_, err := p.opts.Client.CreateEvent(ctx, ev)
+			return err
+		}
+		w := eventqueue.New(create, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"), eventQueueSize)
 		p.events = w
-		wg.Go(func() { w.run(ctx) })
+		wg.Go(func() { w.Run(ctx) })
 	}
 	wg.Go(func() { p.watchHealth(ctx, inv) })
 	if p.opts.Client != nil {

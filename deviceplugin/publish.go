@@ -51,9 +51,9 @@ type publisher struct {
 	nodeCondition *corev1.NodeCondition
 	// recheck, when above 0, is when run must reconcile again for a
 	// condition change syncCondition deferred.
-	recheck time.Duration
-	lease         *coordinationv1.Lease
-	leaseRenewed  time.Time
+	recheck      time.Duration
+	lease        *coordinationv1.Lease
+	leaseRenewed time.Time
 }
 
 func (p *publisher) run(ctx context.Context) {

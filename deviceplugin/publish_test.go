@@ -38,7 +38,7 @@ type publishFixture struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu        sync.Mutex
+	mu          sync.Mutex
 	failing     bool // every API call fails, as if the API server were down
 	nodeWrite   int  // patches of the Node's metadata
 	statusWrite int  // patches of nodes/status (the registration condition)
