@@ -87,6 +87,7 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 		reg.Register(m.allocates),
 		reg.Register(registered),
 		reg.Register(&healthCollector{p: p}),
+		reg.Register(&gpuCollector{p: p}),
 	); err != nil {
 		return nil, fmt.Errorf("deviceplugin: metrics: %w", err)
 	}

@@ -73,6 +73,9 @@ type Plugin struct {
 	// inv is the inventory Run advertises, nil before Run lists the GPUs;
 	// the metrics read GPU health from it.
 	inv atomic.Pointer[inventory]
+	// alloc is the allocator Run hands the kubelet's calls to, nil before;
+	// the metrics read its pod view and PodResources lister.
+	alloc atomic.Pointer[allocator]
 
 	mu     sync.Mutex
 	reg    registration
@@ -228,6 +231,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	p.alloc.Store(alloc)
 	wg.Go(func() {
 		<-ctx.Done()
 		release()

@@ -157,6 +157,7 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.StringVar(&cfg.HostLibVGPU, "host-libvgpu", cfg.HostLibVGPU, "host path of HAMi-core's libvgpu.so to preload in GPU containers (default: none)")
 	fs.StringVar(&cfg.SharedCacheDir, "shared-cache-dir", cfg.SharedCacheDir, "container folder of CUDA_DEVICE_MEMORY_SHARED_CACHE files")
 	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "host:port of /readyz (registered with the kubelet), /healthz and /metrics; empty serves none")
+	fs.StringVar(&cfg.ProcDir, "proc-dir", cfg.ProcDir, "the host's /proc (host PIDs), whose cgroups attribute GPU processes to containers")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "folder for the plugin's checkpoint and ld.so.preload, the same path on the host (default <device-plugin-dir>/gpuslice-state)")
 	if err := configfile.Parse(fs, args, &cfg, deviceplugin.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err

@@ -532,8 +532,10 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 			return filepath.Join(n.Dir, "varlib", strings.TrimPrefix(p, "/var/lib/")), nil
 		case p == "/var/run/cdi" || p == "/etc/cdi":
 			return n.CDISpecDir(), nil
+		case p == "/proc":
+			return p, nil // the plugin runs on this host: its /proc is the host's
 		}
-		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/... and the CDI folder)", p)
+		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/..., the CDI folder and /proc)", p)
 	}
 	pp, err := c.materialize(r, spec, "device-plugin", root, n.Name, hostPath)
 	if err != nil {
