@@ -162,15 +162,15 @@ func TestContainerGPUMetrics(t *testing.T) {
 		s(MetricGPUMemoryUsed, "gpu", gpu0): 14500, s(MetricGPUMemoryUsed, "gpu", gpu1): 1010,
 		s(MetricGPUUtilization, "gpu", gpu0): 85, s(MetricGPUUtilization, "gpu", gpu1): 0,
 		s(MetricGPUMemoryUnattributed, "gpu", gpu0): 500, s(MetricGPUMemoryUnattributed, "gpu", gpu1): 10,
-		c(MetricContainerGPUMemoryUsed, "train", "main", gpu0): 9000,
-		c(MetricContainerGPUMemoryUsed, "eval", "eval", gpu0): 5000,
-		c(MetricContainerGPUMemoryUsed, "eval", "eval", gpu1): 1000,
+		c(MetricContainerGPUMemoryUsed, "train", "main", gpu0):  9000,
+		c(MetricContainerGPUMemoryUsed, "eval", "eval", gpu0):   5000,
+		c(MetricContainerGPUMemoryUsed, "eval", "eval", gpu1):   1000,
 		c(MetricContainerGPUMemoryLimit, "train", "main", gpu0): 10240,
-		c(MetricContainerGPUMemoryLimit, "eval", "eval", gpu0): 4096,
-		c(MetricContainerGPUMemoryLimit, "eval", "eval", gpu1): 2048,
-		c(MetricContainerGPUCoresLimit, "train", "main", gpu0): 30,
-		c(MetricContainerGPUCoresLimit, "eval", "eval", gpu0): 20,
-		c(MetricContainerGPUCoresLimit, "eval", "eval", gpu1): 0,
+		c(MetricContainerGPUMemoryLimit, "eval", "eval", gpu0):  4096,
+		c(MetricContainerGPUMemoryLimit, "eval", "eval", gpu1):  2048,
+		c(MetricContainerGPUCoresLimit, "train", "main", gpu0):  30,
+		c(MetricContainerGPUCoresLimit, "eval", "eval", gpu0):   20,
+		c(MetricContainerGPUCoresLimit, "eval", "eval", gpu1):   0,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
