@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -229,4 +230,38 @@ func (s *Scheduler) maintainConditions(ctx context.Context) {
 // is the node's name, as the kubelet's, which kubectl describe node finds.
 func nodeRef(name string) *corev1.ObjectReference {
 	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: name, UID: types.UID(name)}
+}
+
+var nodeUnregisteredDesc = prometheus.NewDesc(MetricNodeUnregistered,
+	"1 for each node whose kubelet is Ready but whose device plugin is not registered: its "+string(vgpu.ConditionRegistered)+
+		" condition is not True, or its heartbeat is older than heartbeatMaxAge (reason HeartbeatStale). Nodes that never ran the plugin have no series.",
+	[]string{"node", "reason"}, nil)
+
+// registrationCollector exports MetricNodeUnregistered from the informers'
+// state at scrape time; every extender instance reports it.
+type registrationCollector struct {
+	s *Scheduler
+}
+
+// Describe implements prometheus.Collector.
+func (c *registrationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- nodeUnregisteredDesc }
+
+// Collect implements prometheus.Collector.
+func (c *registrationCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.s.clock.Now()
+	for _, r := range c.s.state.registrations() {
+		if !r.kubeletReady {
+			continue
+		}
+		reason := ""
+		if r.condition.Status != corev1.ConditionTrue {
+			reason = r.condition.Reason
+		}
+		if !r.hasLease || r.renewTime.IsZero() || now.Sub(r.renewTime) > c.s.cfg.HeartbeatMaxAge.Duration {
+			reason = vgpu.ReasonHeartbeatStale
+		}
+		if reason != "" {
+			ch <- prometheus.MustNewConstMetric(nodeUnregisteredDesc, prometheus.GaugeValue, 1, r.name, reason)
+		}
+	}
 }
