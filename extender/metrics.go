@@ -126,7 +126,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, &stateCollector{s: s}, &registrationCollector{s: s})
+	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}

@@ -128,6 +128,8 @@ type leaseState struct {
 // timing changes by now and heartbeat gaps against heartbeatMaxAge, and
 // summarizing nodes for workload.
 func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration, workload *vgpu.Workload) *clusterState {
+	r := newRetries()
+	r.now = now
 	return &clusterState{
 		workload:        workload,
 		resourceName:    resourceName,
@@ -136,7 +138,7 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 		pods:            map[types.UID]*podEntry{},
 		hosts:           map[types.UID]hostEntry{},
 		leases:          map[string]*leaseState{},
-		retries:         newRetries(),
+		retries:         r,
 		now:             now,
 		heartbeatMaxAge: heartbeatMaxAge,
 	}
