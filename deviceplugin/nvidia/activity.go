@@ -41,13 +41,9 @@ func (b *Backend) readActivity(i int) (vgpu.GPUActivity, error) {
 	fail := func(what string, ret nvml.Return) (vgpu.GPUActivity, error) {
 		return vgpu.GPUActivity{}, fmt.Errorf("GPU %d: NVML %s: %w", i, what, ret)
 	}
-	dev, ret := b.lib.DeviceGetHandleByIndex(i)
-	if ret != nvml.SUCCESS {
-		return fail("handle", ret)
-	}
-	uuid, ret := dev.GetUUID()
-	if ret != nvml.SUCCESS {
-		return fail("UUID", ret)
+	dev, uuid, err := b.deviceAt(i)
+	if err != nil {
+		return vgpu.GPUActivity{}, err
 	}
 	mem, ret := dev.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
