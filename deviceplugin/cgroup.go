@@ -31,7 +31,7 @@ var containerIDPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // the pod and container the process runs in, or false when its cgroups
 // are not a Kubernetes container's (a host process, a process gone).
 func readProcessContainer(procDir string, pid int) (processContainer, bool) {
-	data, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "cgroup"))
+	data, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "cgroup")) //nolint:gosec // G304: a /proc file of a PID NVML listed.
 	if err != nil {
 		return processContainer{}, false
 	}
