@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes/fake"
@@ -39,11 +38,11 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	t.Cleanup(func() { _ = backend.Close() })
 	cfg := deviceplugin.DefaultConfig()
 	cfg.NodeName = "node-1"
-	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Registry: prometheus.NewRegistry()})
+	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := extender.New(extender.DefaultConfig(), extender.Options{Client: fake.NewClientset(), Registry: prometheus.NewRegistry()})
+	s, err := extender.New(extender.DefaultConfig(), extender.Options{Client: fake.NewClientset()})
 	if err != nil {
 		t.Fatal(err)
 	}
