@@ -33,6 +33,8 @@ const (
 	DefaultCDISpecDir = "/var/run/cdi"
 	// DefaultPodResourcesSocket is the kubelet's PodResources API socket.
 	DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	// DefaultProcDir is where the plugin reads the processes' cgroups.
+	DefaultProcDir = "/proc"
 	// DefaultSharedCacheDir is the container path under which HAMi-core
 	// keeps each container's shared memory-accounting file.
 	DefaultSharedCacheDir = "/tmp/gpuslice"
@@ -139,6 +141,12 @@ type Config struct {
 	// only while the kubelet has accepted the plugin's registration) and
 	// /healthz (200 while the process serves). Empty serves none.
 	HealthAddress string `json:"healthAddress,omitempty"`
+	// ProcDir is the host's /proc as the plugin sees it: the cgroups of
+	// the processes NVML lists (/proc/<pid>/cgroup, host PIDs) name the
+	// container each runs in, for the per-container GPU memory metrics.
+	// The chart mounts the host's /proc read-only at /host/proc. An
+	// absolute path.
+	ProcDir string `json:"procDir"`
 }
 
 // DefaultConfig returns the configuration used when nothing is set.
@@ -162,6 +170,7 @@ func DefaultConfig() Config {
 		NVIDIACDISpecs:     DefaultNVIDIACDISpecs(),
 		MPSControl:         DefaultMPSControl,
 		MPSDir:             DefaultMPSDir,
+		ProcDir:            DefaultProcDir,
 	}
 }
 
@@ -225,6 +234,8 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("sharedCacheDir", c.SharedCacheDir, "must be a clean absolute path inside the container (default "+DefaultSharedCacheDir+")")
 	case c.StateDir != "" && !cleanAbs(c.StateDir):
 		return vgpu.InvalidField("stateDir", c.StateDir, "must be empty (<devicePluginDir>/"+defaultStateSubdir+") or a clean absolute path")
+	case !cleanAbs(c.ProcDir):
+		return vgpu.InvalidField("procDir", c.ProcDir, "must be a clean absolute path of the host's /proc (default "+DefaultProcDir+"; the chart mounts it at /host/proc)")
 	case c.HealthAddress != "" && !validHealthAddress(c.HealthAddress):
 		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8090"`)
 	}

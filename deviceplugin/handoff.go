@@ -6,15 +6,14 @@ import (
 	"os"
 	"path/filepath"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
 // eventComponent is the source of the plugin's events.
 const eventComponent = "gpuslice-device-plugin"
 
-// startHandoff prepares the folders, the PodResources client, the pod view
-// and the event recorder, and returns the allocator and a function that
+// startHandoff prepares the folders, the PodResources client and the pod
+// view, hands the allocator Run's event recorder, and returns the allocator and a function that
 // releases them once ctx has ended. The pod view and the events need
 // Options.Client; without it the plugin still serves and registers, but
 // refuses every GPU container start (errNoPodView). Nothing here waits for
@@ -60,14 +59,8 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		}
 		view.start(ctx)
 		a.pods = view
-		events := newEventWriter(p.opts.Client, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"))
-		eventsDone := make(chan struct{})
-		go func() {
-			defer close(eventsDone)
-			events.run(ctx)
-		}()
-		a.events = events
-		stops = append(stops, view.stop, func() { <-eventsDone })
+		a.events = p.events
+		stops = append(stops, view.stop)
 	} else {
 		logger.Info("No API server configured: GPU containers cannot get their allocation and will not start")
 	}

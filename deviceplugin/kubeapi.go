@@ -29,6 +29,10 @@ type API interface {
 	// PatchNode applies the JSON merge patch data to the Node name and
 	// returns the Node as the API server stored it.
 	PatchNode(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error)
+	// PatchNodeStatus applies the strategic merge patch data to the status
+	// of the Node name (conditions merge by type) and returns the Node as
+	// the API server stored it.
+	PatchNodeStatus(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error)
 	// GetLease returns the Lease namespace/name.
 	GetLease(ctx context.Context, namespace, name string) (*coordinationv1.Lease, error)
 	// CreateLease creates lease in lease.Namespace and returns it as stored.
@@ -107,6 +111,14 @@ func (a *restAPI) GetNode(ctx context.Context, name string) (*corev1.Node, error
 func (a *restAPI) PatchNode(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error) {
 	node := &corev1.Node{}
 	err := a.core.Patch(types.MergePatchType).Resource("nodes").Name(name).
+		VersionedParams(&opts, metav1.ParameterCodec).Body(data).Do(ctx).Into(node)
+	return node, err
+}
+
+// PatchNodeStatus implements API.
+func (a *restAPI) PatchNodeStatus(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error) {
+	node := &corev1.Node{}
+	err := a.core.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").
 		VersionedParams(&opts, metav1.ParameterCodec).Body(data).Do(ctx).Into(node)
 	return node, err
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // Retry timing while the kubelet is absent or refuses registration. A
@@ -99,8 +101,13 @@ func (p *Plugin) registerWithRetry(ctx context.Context, ep *endpoint, name strin
 				return nil, err
 			}
 			logger.Info("Registration failed; retrying", "attempt", attempt, "retryIn", delay, "err", err.Error())
-		} else if attempt == 1 || attempt%20 == 0 {
-			logger.Info("Waiting for the kubelet", "socket", kubeletSocket, "attempt", attempt)
+			p.setProblem(vgpu.ReasonRegisterFailed, "the kubelet did not accept the registration: "+err.Error())
+		} else {
+			if attempt == 1 || attempt%20 == 0 {
+				logger.Info("Waiting for the kubelet", "socket", kubeletSocket, "attempt", attempt)
+			}
+			p.setProblem(vgpu.ReasonKubeletSocketMissing, fmt.Sprintf("no %s in %s: the kubelet is not running, or the plugin watches another folder than the kubelet's device-plugin folder (devicePluginDir)",
+				kubeletSocketName, p.cfg.DevicePluginDir))
 		}
 		timer := p.opts.Clock.NewTimer(delay)
 		select {

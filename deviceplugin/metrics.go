@@ -38,6 +38,8 @@ const (
 // pluginMetrics are the plugin's Prometheus metrics; safe for concurrent
 // use. A nil *pluginMetrics counts nothing, for allocators built in tests.
 type pluginMetrics struct {
+	// set is every collector registered, for MetricNames.
+	set           registry.Set
 	handler       http.Handler
 	registrations *prometheus.CounterVec
 	preStarts     *prometheus.CounterVec
@@ -81,17 +83,18 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 		}
 		return 0
 	})
-	if err := errors.Join(
-		reg.Register(m.registrations),
-		reg.Register(m.preStarts),
-		reg.Register(m.allocates),
-		reg.Register(registered),
-		reg.Register(&healthCollector{p: p}),
-	); err != nil {
+	set, err := registry.Register(reg, m.registrations, m.preStarts, m.allocates, registered, &healthCollector{p: p}, &gpuCollector{p: p})
+	if err != nil {
 		return nil, fmt.Errorf("deviceplugin: metrics: %w", err)
 	}
+	m.set = set
 	return m, nil
 }
+
+// MetricNames returns the names of the metrics the plugin exports on
+// /metrics (beside the Go runtime and process metrics), from its
+// registered collectors.
+func (p *Plugin) MetricNames() []string { return p.metrics.set.Names() }
 
 // registration counts one Register call; err is its outcome.
 func (m *pluginMetrics) registration(err error) {

@@ -12,9 +12,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -51,6 +54,17 @@ type Options struct {
 	Facts NodeFacts
 }
 
+// eventQueueSize is how many events may wait to be written; more are
+// dropped (eventqueue.Queue).
+const eventQueueSize = 64
+
+// eventRecorder records events on pods and on the Node. It is the Eventf
+// of client-go's record.EventRecorder, so that tests can use
+// record.FakeRecorder; the plugin's is an eventqueue.Queue.
+type eventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
+}
+
 // Plugin is the node agent for one resource. Create it with New and run it
 // with Run; Registered and Reregister may be called from any goroutine.
 type Plugin struct {
@@ -63,17 +77,30 @@ type Plugin struct {
 	// inv is the inventory Run advertises, nil before Run lists the GPUs;
 	// the metrics read GPU health from it.
 	inv atomic.Pointer[inventory]
+	// alloc is the allocator Run hands the kubelet's calls to, nil before;
+	// the metrics read its pod view and PodResources lister.
+	alloc atomic.Pointer[allocator]
 
 	mu     sync.Mutex
 	reg    registration
 	regSig chan struct{} // closed and replaced when reg changes
+
+	// events records Node events; nil without Options.Client. Set by Run
+	// before anything reads it.
+	events eventRecorder
 }
 
 // registration is the plugin's standing with the kubelet.
 type registration struct {
 	Registered bool
-	Since      time.Time
-	Socket     string
+	// Since is when Registered last changed, or when the current Problem
+	// began.
+	Since  time.Time
+	Socket string
+	// Problem, while not registered, is why (a vgpu.Reason… constant of
+	// vgpu.ConditionRegistered) and Detail says it for a user; empty
+	// before the first registration attempt and between rounds.
+	Problem, Detail string
 }
 
 // New validates cfg and returns a plugin that is not yet running, with its
@@ -127,6 +154,26 @@ func (p *Plugin) registration() (registration, <-chan struct{}) {
 func (p *Plugin) setRegistration(r registration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.setRegistrationLocked(r)
+}
+
+// setProblem records why the plugin is not registered. It changes
+// nothing (and wakes no one) when the problem is the one already
+// recorded; Since is when the problem state began.
+func (p *Plugin) setProblem(reason, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.reg.Registered && p.reg.Problem == reason && p.reg.Detail == detail {
+		return
+	}
+	since := p.reg.Since
+	if p.reg.Registered || p.reg.Problem == "" || since.IsZero() {
+		since = p.opts.Clock.Now()
+	}
+	p.setRegistrationLocked(registration{Problem: reason, Detail: detail, Since: since})
+}
+
+func (p *Plugin) setRegistrationLocked(r registration) {
 	p.reg = r
 	close(p.regSig)
 	p.regSig = make(chan struct{})
@@ -179,6 +226,15 @@ func (p *Plugin) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	if p.opts.Client != nil {
+		create := func(ctx context.Context, ev *corev1.Event) error {
+			_, err := p.opts.Client.CreateEvent(ctx, ev)
+			return err
+		}
+		w := eventqueue.New(create, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"), eventQueueSize)
+		p.events = w
+		wg.Go(func() { w.Run(ctx) })
+	}
 	wg.Go(func() { p.watchHealth(ctx, inv) })
 	if p.opts.Client != nil {
 		pub := &publisher{client: p.opts.Client, cfg: p.cfg, clock: p.opts.Clock, inv: inv, plugin: p, version: p.opts.PluginVersion}
@@ -201,6 +257,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		alloc.nvidiaCDI = found
 		logger.Info("NVIDIA CDI devices", "found", len(found), "gpus", len(node.GPUs))
 	}
+	p.alloc.Store(alloc)
 	wg.Go(func() {
 		<-ctx.Done()
 		release()
@@ -211,8 +268,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 		wg.Go(func() { mps.run(ctx) })
 	}
 
+	var lastStale string
 	for round := 1; ctx.Err() == nil; round++ {
-		if err := p.serveRound(ctx, round, inv, alloc, dir); err != nil {
+		if err := p.serveRound(ctx, round, inv, alloc, dir, &lastStale); err != nil {
 			cancel()
 			return err
 		}
@@ -222,8 +280,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 
 // serveRound serves one endpoint: register it, then wait until it goes
 // stale (kubelet restart, socket removed, stream ended, re-register asked)
-// or ctx ends.
-func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch) error {
+// or ctx ends. lastStale is why the previous registration ended ("" before
+// the first one); serveRound sets it for the next round.
+func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch, lastStale *string) error {
 	logger := klog.FromContext(ctx)
 	name := fmt.Sprintf("gpuslice-%s-%d-%d.sock", socketSafe(p.cfg.ResourceName), os.Getpid(), round)
 	socket := filepath.Join(p.cfg.DevicePluginDir, name)
@@ -239,8 +298,14 @@ func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, allo
 	}
 	p.setRegistration(registration{Registered: true, Since: p.opts.Clock.Now(), Socket: name})
 	logger.Info("Registered with kubelet", "endpoint", name, "round", round)
+	if *lastStale == "" {
+		p.nodeEvent(corev1.EventTypeNormal, EventRegistered, "Registered %s with the kubelet (endpoint %s)", p.cfg.ResourceName, name)
+	} else {
+		p.nodeEvent(corev1.EventTypeNormal, EventReregistered, "Registered %s with the kubelet again (endpoint %s) after: %s", p.cfg.ResourceName, name, *lastStale)
+	}
 
 	reason := p.waitStale(ctx, ep, kubelet, dir)
+	*lastStale = reason
 	p.setRegistration(registration{})
 	if ctx.Err() == nil {
 		logger.Info("Registering again", "reason", reason)
@@ -269,7 +334,30 @@ func (p *Plugin) watchHealth(ctx context.Context, inv *inventory) {
 		case ev := <-events:
 			if inv.setHealth(ev) {
 				logger.Info("GPU health changed", "gpu", ev.UUID, "health", ev.Health, "reason", ev.Reason)
+				p.healthEvent(inv, ev)
 			}
 		}
 	}
+}
+
+// nodeEvent records an event on the plugin's Node, in the background; it
+// does nothing without Options.Client.
+func (p *Plugin) nodeEvent(eventtype, reason, messageFmt string, args ...any) {
+	if p.events != nil {
+		p.events.Eventf(nodeRef(p.cfg.NodeName), eventtype, reason, messageFmt, args...)
+	}
+}
+
+// healthEvent records a GPU's health change on the Node, with the cause
+// the backend gave (the XID and its meaning, for a device fault).
+func (p *Plugin) healthEvent(inv *inventory, ev vgpu.HealthEvent) {
+	model := ""
+	if g, ok := inv.gpu(ev.UUID); ok {
+		model = " (" + g.Model + ")"
+	}
+	if ev.Health == vgpu.Healthy {
+		p.nodeEvent(corev1.EventTypeNormal, EventGPUHealthy, "GPU %s%s is healthy again: %s", ev.UUID, model, ev.Reason)
+		return
+	}
+	p.nodeEvent(corev1.EventTypeWarning, EventGPUUnhealthy, "GPU %s%s is unhealthy, its slices are withdrawn: %s", ev.UUID, model, ev.Reason)
 }

@@ -49,8 +49,13 @@ type publisher struct {
 	nodeReady     string
 	// nodeEnforcement is the Node's vgpu.LabelEnforcement.
 	nodeEnforcement string
-	lease           *coordinationv1.Lease
-	leaseRenewed    time.Time
+	// nodeCondition is the Node's vgpu.ConditionRegistered, nil if none.
+	nodeCondition *corev1.NodeCondition
+	// recheck, when above 0, is when run must reconcile again for a
+	// condition change syncCondition deferred.
+	recheck      time.Duration
+	lease        *coordinationv1.Lease
+	leaseRenewed time.Time
 }
 
 func (p *publisher) run(ctx context.Context) {
@@ -76,6 +81,9 @@ func (p *publisher) run(ctx context.Context) {
 			}
 			failures, delay = 0, publishRetryInitial
 			wait = max(0, p.cfg.LeaseRenew.Duration-p.clock.Since(p.leaseRenewed))
+			if p.recheck > 0 {
+				wait = min(wait, p.recheck)
+			}
 		}
 		timer := p.clock.NewTimer(wait)
 		select {
@@ -93,12 +101,14 @@ func (p *publisher) run(ctx context.Context) {
 	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 	defer cancel()
 	node, _, _ := p.inv.snapshot()
-	if err := p.reconcile(final, node, registration{}); err != nil {
+	stopped := registration{Problem: vgpu.ReasonPluginStopped, Detail: "the device plugin stopped; the kubelet drops its devices until a plugin registers again"}
+	if err := p.reconcile(final, node, stopped); err != nil {
 		logger.Error(err, "Could not mark the node not ready on the way out")
 	}
 }
 
-// reconcile makes the Node and the Lease match node and reg.
+// reconcile makes the Node (labels, inventory, vgpu.ConditionRegistered)
+// and the Lease match node and reg.
 func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg registration) error {
 	inventory, err := vgpu.EncodeNodeInventory(node)
 	if err != nil {
@@ -108,8 +118,18 @@ func (p *publisher) reconcile(ctx context.Context, node vgpu.NodeInventory, reg 
 	if reg.Registered {
 		ready = "true"
 	}
+	// After a renewal gap the extender may have turned the condition
+	// Unknown meanwhile: read the Node again rather than trust the past.
+	if !p.leaseRenewed.IsZero() && p.clock.Since(p.leaseRenewed) > p.cfg.LeaseDuration.Duration {
+		p.nodeKnown = false
+	}
+	p.recheck = 0
 	syncNode := func() error {
-		if err := p.syncNode(ctx, inventory, ready, string(node.Enforcement)); err != nil {
+		err := p.syncNode(ctx, inventory, ready, string(node.Enforcement))
+		if want, ok := desiredCondition(p.cfg, reg, node); err == nil && ok {
+			err = p.syncCondition(ctx, reg, want)
+		}
+		if err != nil {
 			p.nodeKnown = false
 			return err
 		}
@@ -177,6 +197,10 @@ func (p *publisher) remember(n *corev1.Node) {
 	p.nodeInventory = n.Annotations[vgpu.AnnotationNodeInventory]
 	p.nodeReady = n.Labels[vgpu.LabelGPUReady]
 	p.nodeEnforcement = n.Labels[vgpu.LabelEnforcement]
+	p.nodeCondition = nil
+	if c, ok := vgpu.RegisteredCondition(n); ok {
+		p.nodeCondition = &c
+	}
 }
 
 // syncLease creates or renews the heartbeat Lease. The heartbeat annotation

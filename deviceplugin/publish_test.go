@@ -38,9 +38,10 @@ type publishFixture struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu        sync.Mutex
-	failing   bool // every API call fails, as if the API server were down
-	nodeWrite int
+	mu          sync.Mutex
+	failing     bool // every API call fails, as if the API server were down
+	nodeWrite   int  // patches of the Node's metadata
+	statusWrite int  // patches of nodes/status (the registration condition)
 }
 
 // newPublishFixture starts the API with Node node-1 and objs.
@@ -54,7 +55,11 @@ func newPublishFixture(t *testing.T, objs ...runtime.Object) *publishFixture {
 			return true, nil, errors.New("connection refused")
 		}
 		if action.GetResource().Resource == "nodes" && action.GetVerb() == "patch" {
-			f.nodeWrite++
+			if action.GetSubresource() == "status" {
+				f.statusWrite++
+			} else {
+				f.nodeWrite++
+			}
 		}
 		return false, nil, nil
 	})
@@ -90,6 +95,12 @@ func (f *publishFixture) nodeWrites() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.nodeWrite
+}
+
+func (f *publishFixture) statusWrites() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.statusWrite
 }
 
 // waitFor polls cond with a deadline, advancing the fake clock past any

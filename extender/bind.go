@@ -125,15 +125,23 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	err = s.postBinding(ctx, pod, args.Node, entry.raw)
 	switch {
 	case err == nil:
+		s.placed(pod, entry)
 		return entry.raw, nil
 	case !outcomeUnknown(err):
 		s.state.release(entry)
 		return "", err
 	case s.boundAfterAll(ctx, entry, pod):
+		s.placed(pod, entry)
 		return entry.raw, nil
 	}
 	s.state.release(entry)
 	return "", err
+}
+
+// placed records the pod event of a placement, in the background: Bind
+// makes no request for it.
+func (s *Scheduler) placed(pod *corev1.Pod, entry *podEntry) {
+	s.events.Eventf(pod, corev1.EventTypeNormal, EventGPUsAssigned, "%s", placementMessage(entry.alloc, s.state.gpuModels(entry.node)))
 }
 
 // podForBind returns the pod args name, from the informers' cache, or read

@@ -123,6 +123,12 @@ type Config struct {
 	// in the online workload, so that it follows a cluster whose mix
 	// changes.
 	WorkloadHalfLife int `json:"workloadHalfLife"`
+	// NodeConditionLease is the Lease, as "namespace/name", by which the
+	// extender instances elect the one that maintains the nodes'
+	// vgpu.ConditionRegistered (Unknown when a plugin's heartbeat goes
+	// stale, False when allocatable stays 0). Empty: this instance
+	// maintains them without an election (a single extender).
+	NodeConditionLease string `json:"nodeConditionLease,omitempty"`
 }
 
 // FilterResult is which of the nodes where a GPU pod fits Filter passes on to kube-scheduler.
@@ -222,6 +228,12 @@ func (c Config) Validate() error {
 	}
 	if p, err := vgpu.ParsePolicy(string(c.GPUPolicy)); err != nil || p == "" {
 		errs = append(errs, vgpu.InvalidField("gpuPolicy", string(c.GPUPolicy), allowedPolicy))
+	}
+	if c.NodeConditionLease != "" {
+		ns, name, ok := strings.Cut(c.NodeConditionLease, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			errs = append(errs, vgpu.InvalidField("nodeConditionLease", c.NodeConditionLease, `must be empty (no leader election) or "namespace/name" of a Lease, e.g. "gpuslice-system/gpuslice-node-conditions"`))
+		}
 	}
 	if c.HeartbeatMaxAge.Duration < time.Second {
 		errs = append(errs, vgpu.InvalidField("heartbeatMaxAge", c.HeartbeatMaxAge.String(), "must be a duration of at least 1s, longer than the device plugin's leaseRenew"))

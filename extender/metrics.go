@@ -25,6 +25,7 @@ const (
 	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
 	MetricGPUMemorySchedulable = "gpuslice_gpu_memory_schedulable_mib"
+	MetricNodeUnregistered     = "gpuslice_extender_node_unregistered"
 )
 
 // Values of the result label of MetricBinds.
@@ -59,6 +60,8 @@ var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 // metrics are the Scheduler's Prometheus metrics; they are registered once,
 // in New, and safe for concurrent use.
 type metrics struct {
+	// set is every collector registered, for MetricNames.
+	set registry.Set
 	// handler serves the registry in the Prometheus exposition formats.
 	handler http.Handler
 	// requests and durations are curried per verb.
@@ -123,18 +126,18 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	if err := errors.Join(
-		reg.Register(requests),
-		reg.Register(durations),
-		reg.Register(binds),
-		reg.Register(retries),
-		reg.Register(bindPodReads),
-		reg.Register(&stateCollector{s: s}),
-	); err != nil {
+	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
+	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}
+	m.set = set
 	return m, nil
 }
+
+// MetricNames returns the names of the metrics the extender exports on
+// /metrics (beside the Go runtime and process metrics), from its
+// registered collectors.
+func (s *Scheduler) MetricNames() []string { return s.metrics.set.Names() }
 
 // instrument counts and times the requests h answers for verb.
 func (m *metrics) instrument(verb string, h http.Handler) http.Handler {

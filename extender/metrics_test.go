@@ -114,9 +114,10 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results and the plain counters start at 0; the
-	// vectors appear with their first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricRetries}, names); diff != "" {
+	// Only the bind results, the plain counters and the pending pods
+	// (one series per reason) start at 0; the vectors appear with their
+	// first sample.
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

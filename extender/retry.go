@@ -157,11 +157,16 @@ type retries struct {
 	lastChange time.Time
 	// wake has room for one signal: pods may wait since before a change.
 	wake chan struct{}
+	// now times when a pod was first turned away (waitingPod.since); nil
+	// leaves it zero.
+	now func() time.Time
 }
 
 type waitingPod struct {
 	uid             types.UID
 	namespace, name string
+	// since is when Filter first turned the pod away (retries.now).
+	since time.Time
 	// d is the pod's demand, to judge whether it fits a changed node.
 	d demand
 	// rej is what the latest Filter turned it away for.
@@ -196,6 +201,9 @@ func (r *retries) rejected(pod *corev1.Pod, d demand, seen uint64, rej rejection
 	w := r.waiting[pod.UID]
 	if w == nil {
 		w = &waitingPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name}
+		if r.now != nil {
+			w.since = r.now()
+		}
 		r.waiting[pod.UID] = w
 	}
 	w.d, w.rej = d, rej

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -38,6 +39,11 @@ type Options struct {
 	// process collectors; a given registry gets only the extender's own
 	// metrics, and New fails if they are already registered there.
 	Registry *prometheus.Registry
+	// EventClient writes the events the extender records: a pod event for
+	// each placement and a Node event when it changes a registration
+	// condition. Give it a client with its own rate limiter, so that
+	// events never wait behind binds or hold them back. Nil means Client.
+	EventClient kubernetes.Interface
 }
 
 // Scheduler is the extender's logic: it keeps the cluster's GPU state from
@@ -65,6 +71,9 @@ type Scheduler struct {
 	// workload counts arriving pods into the online workload; nil when
 	// the workload is fixed (Options.Workload, Config.Workload default).
 	workload *workloadTracker
+	// events records pod and Node events in the background; WatchCluster
+	// runs it.
+	events *eventqueue.Queue
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics
@@ -96,6 +105,11 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		binds:      bindGate{max: int64(cfg.pendingBinds())},
 		workload:   tracker,
 	}
+	events := opts.EventClient
+	if events == nil {
+		events = opts.Client
+	}
+	s.events = eventqueue.New(eventCreator(events), corev1.EventSource{Component: fieldManager}, opts.Clock, klog.Background().WithName("events"), eventQueueSize)
 	m, err := newMetrics(s, opts.Registry)
 	if err != nil {
 		return nil, err
@@ -186,6 +200,8 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	if s.workload != nil {
 		wg.Go(func() { s.workloadLoop(ctx) })
 	}
+	wg.Go(func() { s.events.Run(ctx) })
+	wg.Go(func() { s.maintainConditions(ctx) })
 	<-ctx.Done()
 	s.synced.Store(false)
 	wg.Wait()
@@ -297,6 +313,13 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 			}
 			if v, ok := o.Annotations[vgpu.AnnotationNodeInventory]; ok {
 				n.Annotations = map[string]string{vgpu.AnnotationNodeInventory: v}
+			}
+			// The registration condition and Ready, status and reason only,
+			// for the node-condition controller.
+			for _, c := range o.Status.Conditions {
+				if c.Type == vgpu.ConditionRegistered || c.Type == corev1.NodeReady {
+					n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason})
+				}
 			}
 			n.Status.Allocatable = corev1.ResourceList{}
 			for _, r := range []corev1.ResourceName{resource, corev1.ResourceCPU, corev1.ResourceMemory} {

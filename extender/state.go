@@ -95,6 +95,13 @@ type nodeState struct {
 	// is given the difference (hostFreeLocked).
 	hostAllocatable *vgpu.HostResources
 	hostRequested   vgpu.HostResources
+	// registered is the Node's vgpu.ConditionRegistered (status and
+	// reason only), nil when it has none; allocatable is its allocatable
+	// resourceName. The node-condition controller reads both.
+	registered  *corev1.NodeCondition
+	allocatable int64
+	// kubeletReady is true while the Node's Ready condition is True.
+	kubeletReady bool
 }
 
 // podEntry is one pod counted in a node's usage.
@@ -124,6 +131,8 @@ type leaseState struct {
 // timing changes by now and heartbeat gaps against heartbeatMaxAge, and
 // summarizing nodes for workload.
 func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration, workload *vgpu.Workload) *clusterState {
+	r := newRetries()
+	r.now = now
 	return &clusterState{
 		workload:        workload,
 		resourceName:    resourceName,
@@ -132,7 +141,7 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 		pods:            map[types.UID]*podEntry{},
 		hosts:           map[types.UID]hostEntry{},
 		leases:          map[string]*leaseState{},
-		retries:         newRetries(),
+		retries:         r,
 		now:             now,
 		heartbeatMaxAge: heartbeatMaxAge,
 	}
@@ -185,6 +194,16 @@ func (st *clusterState) upsertNode(node *corev1.Node) {
 	var allocatable int64
 	if q, ok := node.Status.Allocatable[st.resourceName]; ok {
 		allocatable = q.Value()
+	}
+	n.allocatable = allocatable
+	n.registered, n.kubeletReady = nil, false
+	for _, c := range node.Status.Conditions {
+		switch c.Type {
+		case vgpu.ConditionRegistered:
+			n.registered = &corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason}
+		case corev1.NodeReady:
+			n.kubeletReady = c.Status == corev1.ConditionTrue
+		}
 	}
 	n.unready = nodeUnready(n.inventoryErr, label, hasLabel, allocatable, st.resourceName)
 	switch {
@@ -406,6 +425,21 @@ func (st *clusterState) refreshLocked(n *nodeState) {
 	n.gen++
 	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage, HostFree: n.hostFreeLocked()}, st.workload)
 	n.summaryWorkload = st.workload
+}
+
+// gpuModels returns the model of each GPU in node's inventory, by UUID.
+func (st *clusterState) gpuModels(node string) map[string]string {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	n := st.nodes[node]
+	if n == nil {
+		return nil
+	}
+	models := make(map[string]string, len(n.inventory.GPUs))
+	for _, g := range n.inventory.GPUs {
+		models[g.UUID] = g.Model
+	}
+	return models
 }
 
 // usageOf returns a copy of node's usage, for tests and debugging.

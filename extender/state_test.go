@@ -255,7 +255,11 @@ func TestTrim(t *testing.T) {
 	node.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Images = []corev1.ContainerImage{{Names: []string{"registry.example/app:1"}, SizeBytes: 1 << 30}}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	node.Status.Conditions = []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "kubelet is posting ready status"},
+		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+		{Type: vgpu.ConditionRegistered, Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered, Message: "registered"},
+	}
 	obj, err = trim(node)
 	if err != nil {
 		t.Fatal(err)
@@ -268,12 +272,13 @@ func TestTrim(t *testing.T) {
 		t.Errorf("inventory (-full +trimmed):\n%s", diff)
 	}
 	if f.known != sm.known || f.rawInventory != sm.rawInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
-		f.unready != nil || sm.unready != nil || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil {
+		f.unready != nil || sm.unready != nil || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil ||
+		!cmp.Equal(f.registered, sm.registered) || sm.registered == nil || f.kubeletReady != sm.kubeletReady || !sm.kubeletReady {
 		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
 	}
 	trimmedNode := obj.(*corev1.Node)
 	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 2 ||
-		trimmedNode.Status.Images != nil || trimmedNode.Status.Conditions != nil {
+		trimmedNode.Status.Images != nil || len(trimmedNode.Status.Conditions) != 2 || trimmedNode.Status.Conditions[0].Message != "" {
 		t.Errorf("trimmed node kept what the extender does not read: %+v", trimmedNode)
 	}
 

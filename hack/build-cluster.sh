@@ -4,12 +4,13 @@
 #   kubelet, kubectl                          k8s.io/kubernetes (version of test/go.mod), stamped
 #   etcd                                      test/cmd/etcd (go.etcd.io/etcd/server/v3 etcdmain)
 #   gpuslice-fake-cri                         test/cmd/gpuslice-fake-cri (k8s.io/cri-client fake + recorder)
+#   gpuslice-build                            test/cmd/gpuslice-build: builds the above with progress
 #   helm                                      helm.sh/helm/v3 (HELM_VERSION), go install outside any module
 #   gpuslice-device-plugin, gpuslice-scheduler,
 #   gpuslice-webhook                          ./cmd/... of the product module (always rebuilt; seconds)
 #
 # The test-module binaries are skipped when a stamp file holds the same hash of test/go.mod,
-# test/go.sum, test/cmd/**, test/fakecri/** and this script; helm is skipped when its stamp holds
+# test/go.sum, test/cmd/** (but gpuslice-build), test/fakecri/** and this script; helm is skipped when its stamp holds
 # HELM_VERSION. The first build takes about 7-10 minutes on 2 cores; later ones take seconds.
 # It never clears the Go build cache.
 #
@@ -34,7 +35,8 @@ hash_inputs() {
 		{
 			echo "${KUBE_VERSION}"
 			cat test/go.mod test/go.sum hack/build-cluster.sh
-			find test/cmd test/fakecri -type f -name '*.go' | LC_ALL=C sort | xargs cat
+			# gpuslice-build only shows the build's progress: it changes no binary.
+			find test/cmd test/fakecri -type f -name '*.go' -not -path 'test/cmd/gpuslice-build/*' | LC_ALL=C sort | xargs cat
 		} | sha256sum | cut -d' ' -f1
 	)
 }
@@ -57,10 +59,14 @@ else
 	ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "${KUBE_VERSION}" | cut -d. -f2)"
 	(
 		cd "${root}/test"
-		go build -ldflags "${ldflags}" -o "${bin}/" \
+		# gpuslice-build runs go build for one binary after another and shows which one builds,
+		# its packages compiled of those left, the time elapsed and an estimate of what is left:
+		# one updating line on a terminal, a plain line every 10 s otherwise.
+		go build -o "${bin}/" ./cmd/gpuslice-build
+		"${bin}/gpuslice-build" -o "${bin}" -ldflags "${ldflags}" \
 			k8s.io/kubernetes/cmd/kube-apiserver \
-			k8s.io/kubernetes/cmd/kube-scheduler \
 			k8s.io/kubernetes/cmd/kubelet \
+			k8s.io/kubernetes/cmd/kube-scheduler \
 			k8s.io/kubernetes/cmd/kubectl \
 			./cmd/etcd \
 			./cmd/gpuslice-fake-cri

@@ -46,3 +46,28 @@ type HealthEvent struct {
 	Health Health
 	Reason string
 }
+
+// GPUActivity is what a GPU's driver reports in use at one moment: the node
+// agent reads it at each metrics scrape.
+type GPUActivity struct {
+	// UUID names the GPU (GPU.UUID).
+	UUID string
+	// MemoryUsedMiB is the GPU memory in use, by every process and the
+	// driver, in MiB.
+	MemoryUsedMiB int64
+	// UtilizationPercent is the share of the driver's last sample period
+	// (1/6 s to 1 s) in which a kernel ran on the GPU, 0 to 100.
+	UtilizationPercent int
+	// Processes are the compute processes on the GPU with the memory each
+	// holds there; empty when none runs.
+	Processes []ProcessUsage
+}
+
+// ProcessUsage is one process's use of one GPU.
+type ProcessUsage struct {
+	// PID is the process ID in the host's PID namespace, as the driver
+	// reports it.
+	PID int
+	// MemoryMiB is the GPU memory the process holds, in MiB.
+	MemoryMiB int64
+}

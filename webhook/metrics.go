@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -94,6 +93,7 @@ var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 // metrics are the webhook's Prometheus metrics in their own registry; safe
 // for concurrent use.
 type metrics struct {
+	set        registry.Set
 	registry   *prometheus.Registry
 	handler    http.Handler
 	admissions *prometheus.CounterVec
@@ -128,14 +128,23 @@ func newMetrics() (*metrics, error) {
 	for reason, decision := range admissionReasons {
 		m.admissions.WithLabelValues(string(decision), string(reason))
 	}
-	if err := errors.Join(
-		reg.Register(m.admissions),
-		reg.Register(m.durations),
-		reg.Register(m.invalid),
-	); err != nil {
+	set, err := registry.Register(reg, m.admissions, m.durations, m.invalid)
+	if err != nil {
 		return nil, fmt.Errorf("webhook: metrics: %w", err)
 	}
+	m.set = set
 	return m, nil
+}
+
+// MetricNames returns the names of the metrics the webhook exports on
+// /metrics (beside the Go runtime and process metrics), from the
+// collectors it registers.
+func MetricNames() ([]string, error) {
+	m, err := newMetrics()
+	if err != nil {
+		return nil, err
+	}
+	return m.set.Names(), nil
 }
 
 // admitted counts one answered AdmissionReview that took elapsed.

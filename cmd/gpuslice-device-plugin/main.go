@@ -52,6 +52,11 @@ func run(args []string) int {
 	logger := klog.Background().WithName(name)
 	ctx = klog.NewContext(ctx, logger)
 
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
 	backend, err := openBackend(cfg, logger)
 	var fieldErr *vgpu.FieldError
 	switch {
@@ -60,6 +65,9 @@ func run(args []string) int {
 		return 2
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		if errors.Is(err, nvidia.ErrNoDriver) && client != nil {
+			reportNoDriver(ctx, client, cfg.NodeName, err)
+		}
 		return 1
 	}
 	defer func() { _ = backend.Close() }()
@@ -69,11 +77,6 @@ func run(args []string) int {
 		return 1
 	}
 
-	client, err := kubeClient(kubeconfig)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return 2
-	}
 	plugin, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: version, Facts: facts})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -105,6 +108,16 @@ func run(args []string) int {
 	}
 	logger.Info("Stopped")
 	return 0
+}
+
+// reportNoDriver sets the Node's registration condition to DriverNotFound
+// before the plugin exits, so that kubectl describe node shows why.
+func reportNoDriver(ctx context.Context, client deviceplugin.API, node string, cause error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := deviceplugin.ReportStartFailure(ctx, client, node, vgpu.ReasonDriverNotFound, cause.Error(), time.Now()); err != nil {
+		fmt.Fprintf(os.Stderr, "gpuslice-device-plugin: could not set the node condition: %v\n", err)
+	}
 }
 
 // serveProbes listens on addr and serves h until the returned stop is called.
@@ -154,6 +167,7 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.StringVar(&cfg.MPSDir, "mps-dir", cfg.MPSDir, "host folder of the MPS daemons' pipes and logs, the same path in containers")
 	fs.StringVar(&cfg.SharedCacheDir, "shared-cache-dir", cfg.SharedCacheDir, "container folder of CUDA_DEVICE_MEMORY_SHARED_CACHE files")
 	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "host:port of /readyz (registered with the kubelet), /healthz and /metrics; empty serves none")
+	fs.StringVar(&cfg.ProcDir, "proc-dir", cfg.ProcDir, "the host's /proc (host PIDs), whose cgroups attribute GPU processes to containers")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "folder for the plugin's checkpoint and ld.so.preload, the same path on the host (default <device-plugin-dir>/gpuslice-state)")
 	if err := configfile.Parse(fs, args, &cfg, deviceplugin.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err

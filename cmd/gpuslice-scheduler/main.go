@@ -45,12 +45,17 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 2
 	}
-	client, err := kubeClient(kubeconfig, cfg)
+	client, err := kubeClient(kubeconfig, cfg.KubeAPIQPS, cfg.KubeAPIBurst)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 1
 	}
-	s, err := extender.New(cfg, extender.Options{Client: client})
+	events, err := kubeClient(kubeconfig, eventQPS, eventBurst)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+		return 1
+	}
+	s, err := extender.New(cfg, extender.Options{Client: client, EventClient: events})
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 2
@@ -109,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.StringVar((*string)(&cfg.FilterResult), "filter-result", string(cfg.FilterResult), "nodes /filter passes for a GPU pod: best (only the best score tier, 0-10; the profile needs no prioritizeVerb) or feasible (every node where it fits, scored by /prioritize)")
 	fs.StringVar((*string)(&cfg.Workload), "workload", string(cfg.Workload), "what the fragmentation policy measures against: online (learnt from the pods seen) or default (vgpu's default workload)")
 	fs.IntVar(&cfg.WorkloadHalfLife, "workload-half-life", cfg.WorkloadHalfLife, "pods after which a pod counts half as much in the online workload")
+	fs.StringVar(&cfg.NodeConditionLease, "node-condition-lease", cfg.NodeConditionLease, "namespace/name of the Lease that elects the instance maintaining the nodes' GPUSliceRegistered condition (default: no election, this instance maintains it)")
 	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")
 	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err
@@ -121,15 +127,24 @@ func oneLine(err error) string {
 	return strings.ReplaceAll(err.Error(), "\n", "; ")
 }
 
-// kubeClient returns a client from kubeconfig, or in-cluster when empty.
-func kubeClient(kubeconfig string, c extender.Config) (kubernetes.Interface, error) {
+// The events client's rate: its own limiter, so that placement events
+// never delay binds; a burst beyond it waits in the extender's bounded
+// event queue, and what overflows that is dropped.
+const (
+	eventQPS   = 50
+	eventBurst = 100
+)
+
+// kubeClient returns a client from kubeconfig, or in-cluster when empty,
+// limited to qps requests per second with burst.
+func kubeClient(kubeconfig string, qps float32, burst int) (kubernetes.Interface, error) {
 	cfg, err := kubeclient.Config(kubeconfig, name+"/"+version)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w (set --kubeconfig outside a cluster)", err)
 	}
 	// A bind is one request; client-go's default 5 QPS would queue a
 	// 40-pod job for seconds.
-	cfg.QPS, cfg.Burst = c.KubeAPIQPS, c.KubeAPIBurst
+	cfg.QPS, cfg.Burst = qps, burst
 	// Protobuf, as kube-scheduler's own client: every pod, Node and Lease
 	// event the informers watch decodes in a fraction of JSON's CPU and
 	// garbage, which matters at thousands of nodes.

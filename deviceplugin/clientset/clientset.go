@@ -33,6 +33,12 @@ func (a *API) PatchNode(ctx context.Context, name string, data []byte, opts meta
 	return a.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, data, opts)
 }
 
+// PatchNodeStatus applies the strategic merge patch data to the status of
+// the Node name.
+func (a *API) PatchNodeStatus(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error) {
+	return a.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, data, opts, "status")
+}
+
 // GetLease returns the Lease namespace/name.
 func (a *API) GetLease(ctx context.Context, namespace, name string) (*coordinationv1.Lease, error) {
 	return a.client.CoordinationV1().Leases(namespace).Get(ctx, name, metav1.GetOptions{})

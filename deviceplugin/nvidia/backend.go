@@ -109,12 +109,15 @@ type Backend struct {
 	cancel   context.CancelFunc
 	watchers sync.WaitGroup
 
-	// mu guards known and faults, shared by GPUs and WatchHealth.
+	// mu guards known, faults and xids, shared by GPUs, Usage and
+	// WatchHealth.
 	mu sync.Mutex
 	// known is the last record GPUs read successfully, by NVML index.
 	known map[int]vgpu.GPU
 	// faults holds the unhealthy GPUs, by UUID.
 	faults map[string]fault
+	// xids counts the XIDs seen, by GPU UUID and XID (XIDCounts).
+	xids map[string]map[uint64]uint64
 }
 
 // fault is why a GPU is unhealthy.
@@ -151,6 +154,7 @@ func Open(opts Options) (*Backend, error) {
 		logger:    opts.Logger,
 		known:     map[int]vgpu.GPU{},
 		faults:    map[string]fault{},
+		xids:      map[string]map[uint64]uint64{},
 	}
 	b.closing, b.cancel = context.WithCancel(context.Background())
 	if ext := opts.Library.Extensions(); ext != nil {

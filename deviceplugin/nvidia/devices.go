@@ -59,19 +59,28 @@ func (b *Backend) GPUs() ([]vgpu.GPU, error) {
 	return gpus, nil
 }
 
+// deviceAt returns the handle and UUID of the GPU at NVML index i.
+func (b *Backend) deviceAt(i int) (nvml.Device, string, error) {
+	dev, ret := b.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, "", fmt.Errorf("GPU %d: NVML get handle: %w", i, ret)
+	}
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		return nil, "", fmt.Errorf("GPU %d: NVML get UUID: %w", i, ret)
+	}
+	return dev, uuid, nil
+}
+
 // readGPU reads the static facts of the GPU at NVML index i. Health is left
 // for the caller.
 func (b *Backend) readGPU(i int) (vgpu.GPU, error) {
 	fail := func(what string, ret nvml.Return) (vgpu.GPU, error) {
 		return vgpu.GPU{}, fmt.Errorf("GPU %d: NVML %s: %w", i, what, ret)
 	}
-	dev, ret := b.lib.DeviceGetHandleByIndex(i)
-	if ret != nvml.SUCCESS {
-		return fail("get handle", ret)
-	}
-	uuid, ret := dev.GetUUID()
-	if ret != nvml.SUCCESS {
-		return fail("get UUID", ret)
+	dev, uuid, err := b.deviceAt(i)
+	if err != nil {
+		return vgpu.GPU{}, err
 	}
 	minor, ret := dev.GetMinorNumber()
 	if ret != nvml.SUCCESS {

@@ -57,6 +57,8 @@ type Fake struct {
 	// noRecovery marks GPUs whose driver cannot report the recovery action.
 	noRecovery []bool
 	sets       map[*fakeEventSet]struct{}
+	// activity is what runs on each GPU, by index (fakeactivity.go).
+	activity map[int]fakeActivity
 }
 
 var _ nvml.Interface = (*Fake)(nil)
@@ -336,7 +338,10 @@ func (d *fakeDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	if d.lost() {
 		return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
 	}
-	return d.MemoryInfo, nvml.SUCCESS
+	m := d.MemoryInfo
+	m.Used = d.fake.usedBytes(d.index, m.Total)
+	m.Free = m.Total - m.Used
+	return m, nvml.SUCCESS
 }
 
 func (d *fakeDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) {

@@ -278,6 +278,7 @@ func (w *watcher) onEvent(e nvml.EventData) {
 	uuid := ""
 	if d != nil {
 		uuid = d.uuid
+		w.b.countXID(uuid, xid)
 	}
 	if class.Kind == ApplicationFault {
 		w.logger.Info("XID is an application fault; GPU stays healthy", "gpu", uuid, "xid", xid, "description", class.Description)

@@ -35,6 +35,8 @@ func foreignNamespaceReason(o object) string {
 	switch ns := o.u.GetNamespace(); {
 	case ns == "kube-node-lease" && (o.u.GetKind() == "Role" || o.u.GetKind() == "RoleBinding"):
 		return "heartbeat Leases"
+	case o.u.GetKind() == "ConfigMap" && o.u.GetLabels()["app.kubernetes.io/component"] == "monitoring":
+		return "the Grafana dashboard, where the Grafana sidecar reads it (grafanaDashboard.namespace)"
 	case ns == "kube-system":
 		if rb, ok := o.typed.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" && rb.RoleRef.Name == "extension-apiserver-authentication-reader" {
 			return "the API server's client CA"
@@ -66,7 +68,7 @@ func checkLabels(t *testing.T, meta chartMeta, r rendered) {
 		"app.kubernetes.io/managed-by": "Helm",
 		"app.kubernetes.io/part-of":    "gpuslice",
 	}
-	components := []string{"device-plugin", "scheduler", "webhook"}
+	components := []string{"device-plugin", "scheduler", "webhook", "monitoring"}
 	for _, o := range r.objs {
 		got := o.u.GetLabels()
 		for _, k := range sortedKeys(want) {

@@ -69,7 +69,7 @@ func typedKind(apiVersion, kind string) (any, error) {
 		return &admissionregistrationv1.ValidatingAdmissionPolicy{}, nil
 	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
 		return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, nil
-	case "cert-manager.io/v1 Issuer", "cert-manager.io/v1 Certificate", "monitoring.coreos.com/v1 ServiceMonitor":
+	case "cert-manager.io/v1 Issuer", "cert-manager.io/v1 Certificate", "monitoring.coreos.com/v1 ServiceMonitor", "monitoring.coreos.com/v1 PrometheusRule":
 		return nil, nil
 	}
 	return nil, fmt.Errorf("kind %q of apiVersion %q is not one the chart tests know: add it to typedKind", kind, apiVersion)

@@ -113,9 +113,19 @@ func patchNode(ctx context.Context, c kubernetes.Interface, name, patch string) 
 	return err
 }
 
+// patchNodeStatus applies a strategic merge patch to the Node's status, as the plugin writes its
+// registration condition.
+func patchNodeStatus(ctx context.Context, c kubernetes.Interface, name, patch string) error {
+	_, err := c.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	return err
+}
+
+// registeredPatch sets the GPUSliceRegistered condition True.
+var registeredPatch = `{"status":{"conditions":[{"type":"` + string(vgpu.ConditionRegistered) + `","status":"True","reason":"` + vgpu.ReasonRegistered + `"}]}}`
+
 // TestDevicePluginNodePolicy checks, with the real API server, the RBAC authorizer and the
 // chart's ValidatingAdmissionPolicy, what a token of node-a's plugin pod may do: its own Node's
-// hami.io/* labels and annotations and its own heartbeat Lease, and nothing of node-b, of the
+// hami.io/* labels and annotations, its GPUSliceRegistered condition and its own heartbeat Lease, and nothing of node-b, of the
 // kubelet's Lease or of any other label; a token bound to no pod may change nothing.
 func TestDevicePluginNodePolicy(t *testing.T) {
 	h := requireHelm(t)
@@ -148,6 +158,18 @@ func TestDevicePluginNodePolicy(t *testing.T) {
 		{"own Node: ready label", func() error {
 			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"labels":{"`+vgpu.LabelGPUReady+`":"true"}}}`)
 		}, ""},
+		{"own Node: registration condition", func() error {
+			return patchNodeStatus(ctx, e.onNodeA, "node-a", registeredPatch)
+		}, ""},
+		{"another Node's registration condition", func() error {
+			return patchNodeStatus(ctx, e.onNodeA, "node-b", registeredPatch)
+		}, "may only update its own Node, not UPDATE Node node-b/status"},
+		{"own Node: the Ready condition", func() error {
+			return patchNodeStatus(ctx, e.onNodeA, "node-a", `{"status":{"conditions":[{"type":"Ready","status":"False","reason":"X"}]}}`)
+		}, "may change only the GPUSliceRegistered condition of its Node status"},
+		{"own Node: allocatable", func() error {
+			return patchNodeStatus(ctx, e.onNodeA, "node-a", `{"status":{"allocatable":{"`+string(vgpu.ResourceGPU)+`":"100"}}}`)
+		}, "may change only the GPUSliceRegistered condition of its Node status"},
 		{"own heartbeat Lease: create", func() error { return leases(e.onNodeA)(vgpu.HeartbeatLeaseName("node-a")) }, ""},
 		{"own heartbeat Lease: update", func() error { return updateLease(vgpu.HeartbeatLeaseName("node-a")) }, ""},
 		{"another Node", func() error {
@@ -187,5 +209,8 @@ func TestDevicePluginNodePolicy(t *testing.T) {
 	}
 	if _, changed := node.Annotations[vgpu.AnnotationNodeInventory]; changed {
 		t.Error("node-b has an inventory annotation written by node-a's plugin")
+	}
+	if _, changed := vgpu.RegisteredCondition(node); changed {
+		t.Error("node-b has a registration condition written by node-a's plugin")
 	}
 }

@@ -538,8 +538,10 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 			return n.CDISpecDir(), nil
 		case strings.HasPrefix(p, "/run/"):
 			return filepath.Join(n.Dir, "run", strings.TrimPrefix(p, "/run/")), nil
+		case p == "/proc":
+			return p, nil // the plugin runs on this host: its /proc is the host's
 		}
-		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/..., /run/... and the CDI folder)", p)
+		return "", fmt.Errorf("hostPath %s: not simulated (only /var/lib/..., /run/..., the CDI folder and /proc)", p)
 	}
 	pp, err := c.materialize(r, spec, "device-plugin", root, n.Name, hostPath)
 	if err != nil {

@@ -122,6 +122,26 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 		}
 	}
 
+	// Each plugin set its node's registration condition with its own pod-bound token (the chart's
+	// RBAC and node policy allow it), and one extender instance holds the node-conditions Lease.
+	for _, n := range c.Nodes {
+		poll(t, 30*time.Second, n.Name+" condition True/Registered", func(ctx context.Context) (bool, string) {
+			node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			cond, _ := vgpu.RegisteredCondition(node)
+			return cond.Status == corev1.ConditionTrue && cond.Reason == vgpu.ReasonRegistered, fmt.Sprintf("%s/%s %q", cond.Status, cond.Reason, cond.Message)
+		})
+	}
+	poll(t, 30*time.Second, "an extender holding the node-conditions Lease", func(ctx context.Context) (bool, string) {
+		l, err := c.Client().CoordinationV1().Leases(ns).Get(ctx, "gpuslice-scheduler-node-conditions", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", fmt.Sprintf("holder %v", l.Spec.HolderIdentity)
+	})
+
 	// The webhook that mutates pods is the chart's: the harness created none of its own.
 	whs, err := c.Client().AdmissionregistrationV1().MutatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
 	if err != nil {

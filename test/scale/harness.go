@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/harness/progress"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	Workers int
 	// Logf, when set, receives progress lines (no newline at the end).
 	Logf func(format string, args ...any)
+	// Progress, when set, shows each phase's pods bound as they bind (one updating line on a
+	// terminal) instead of a Logf line every 10 s.
+	Progress *progress.Reporter
 }
 
 // Harness is a running cluster of real components and hollow nodes. Its methods must not be

@@ -112,7 +112,15 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	res.CreateTime = time.Since(start)
 	h.cfg.Logf("phase %s: %d pods created in %v", p.Name, len(p.Pods), res.CreateTime.Round(time.Millisecond))
 
-	res.TimedOut = !h.watch.waitBound(ctx, p.Name, len(p.Pods), start.Add(timeout), func(bound, unschedulable int) {
+	pr := h.cfg.Progress
+	if pr != nil {
+		pr.Stage(fmt.Sprintf("phase %s on %d nodes", p.Name, len(h.cfg.Nodes)), len(p.Pods), "pods bound")
+	}
+	res.TimedOut = !h.watch.waitBound(ctx, p.Name, len(p.Pods), start.Add(timeout), pr != nil, func(bound, unschedulable int) {
+		if pr != nil {
+			pr.Set(bound, fmt.Sprintf("%d unschedulable", unschedulable))
+			return
+		}
 		h.cfg.Logf("phase %s: %d/%d bound, %d unschedulable after %v", p.Name, bound, len(p.Pods), unschedulable, time.Since(start).Round(time.Second))
 	})
 	if err := ctx.Err(); err != nil {
@@ -351,7 +359,8 @@ func unschedulable(pod *corev1.Pod) bool {
 // waitBound waits until want pods of phase are bound, deadline passes or ctx ends, calling
 // progress every progressEvery. It reports whether all were bound. Only one waiter may use w at
 // a time (it drains w.changed).
-func (w *podWatch) waitBound(ctx context.Context, phase string, want int, deadline time.Time, progress func(bound, unschedulable int)) bool {
+// With live, progress is also called on every change (a progress.Reporter limits its own rate).
+func (w *podWatch) waitBound(ctx context.Context, phase string, want int, deadline time.Time, live bool, progress func(bound, unschedulable int)) bool {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	ticker := time.NewTicker(progressEvery)
@@ -369,6 +378,9 @@ func (w *podWatch) waitBound(ctx context.Context, phase string, want int, deadli
 		case <-ticker.C:
 			progress(s.bound, s.unschedulable)
 		case <-w.changed:
+			if live {
+				progress(s.bound, s.unschedulable)
+			}
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/harness/progress"
 	"github.com/gpuslice/gpuslice/test/scale"
 	"github.com/gpuslice/gpuslice/vgpu/simulate"
 )
@@ -198,6 +199,9 @@ func TestBenchScale(t *testing.T) {
 	}
 	rows := nodeRows(t)
 	var results []scale.BenchResult
+	// Each phase's pods bound, elapsed and left: one updating line on a terminal (make
+	// bench-scale streams the test's output), plain lines otherwise.
+	pr := progress.New(os.Stdout, "bench-scale", progress.Options{})
 	for _, count := range counts {
 		nodes, err := scale.FixedNodes(rows, "hollow", count, 8, scale.DefaultSplitCount)
 		if err != nil {
@@ -210,6 +214,7 @@ func TestBenchScale(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout+10*time.Minute)
 		hc := harnessConfig(t, nodes)
 		hc = withEnvChart(hc)
+		hc.Progress, hc.Logf = pr, pr.Printf
 		res, err := scale.Bench(ctx, scale.BenchConfig{Harness: hc, Pods: n, Seed: 1, PhaseTimeout: timeout, Background: background})
 		cancel()
 		if err != nil {

@@ -95,6 +95,20 @@ func (b *NodeObjectBuilder) Allocatable(name corev1.ResourceName, n int64) *Node
 	return b
 }
 
+// Condition sets the status condition of type t (replacing one of that
+// type) with status and reason.
+func (b *NodeObjectBuilder) Condition(t corev1.NodeConditionType, status corev1.ConditionStatus, reason string) *NodeObjectBuilder {
+	c := corev1.NodeCondition{Type: t, Status: status, Reason: reason}
+	for i := range b.node.Status.Conditions {
+		if b.node.Status.Conditions[i].Type == t {
+			b.node.Status.Conditions[i] = c
+			return b
+		}
+	}
+	b.node.Status.Conditions = append(b.node.Status.Conditions, c)
+	return b
+}
+
 // Obj returns a deep copy of the Node built so far.
 func (b *NodeObjectBuilder) Obj() *corev1.Node {
 	return b.node.DeepCopy()

@@ -1,4 +1,4 @@
-package deviceplugin
+package eventqueue
 
 import (
 	"context"
@@ -15,13 +15,26 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
-
-	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 )
 
-func TestEventWriter(t *testing.T) {
+// Test values: the source component, the event reason and the queue size.
+const (
+	testComponent = "gpuslice-test"
+	testReason    = "TestReason"
+	testQueueSize = 8
+)
+
+// createIn creates events with client.
+func createIn(client *fake.Clientset) CreateFunc {
+	return func(ctx context.Context, ev *corev1.Event) error {
+		_, err := client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+		return err
+	}
+}
+
+func TestQueue(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	source := corev1.EventSource{Component: eventComponent, Host: "node-1"}
+	source := corev1.EventSource{Component: testComponent, Host: "node-1"}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train", UID: "uid-1", ResourceVersion: "7"}}
 	tests := []struct {
 		name   string
@@ -34,7 +47,7 @@ func TestEventWriter(t *testing.T) {
 		want: &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Namespace: "ml", Name: fmt.Sprintf("train.%x", now.UnixNano())},
 			InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: "ml", Name: "train", UID: "uid-1", ResourceVersion: "7"},
-			Reason:         ReasonAllocationMissing, Message: "container main: no allocation", Type: corev1.EventTypeWarning,
+			Reason:         testReason, Message: "container main: no allocation", Type: corev1.EventTypeWarning,
 			Source: source, FirstTimestamp: metav1.NewTime(now), LastTimestamp: metav1.NewTime(now), Count: 1,
 		},
 	}, {
@@ -42,7 +55,7 @@ func TestEventWriter(t *testing.T) {
 		want: &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: fmt.Sprintf("gone.%x", now.UnixNano())},
 			InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: "gone"},
-			Reason:         ReasonAllocationMissing, Message: strings.Repeat("x", eventMessageMaxLength-3) + "...", Type: corev1.EventTypeWarning,
+			Reason:         testReason, Message: strings.Repeat("x", MessageMaxLength-3) + "...", Type: corev1.EventTypeWarning,
 			Source: source, FirstTimestamp: metav1.NewTime(now), LastTimestamp: metav1.NewTime(now), Count: 1,
 		},
 	}, {
@@ -52,16 +65,16 @@ func TestEventWriter(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			client := fake.NewClientset()
-			w := newEventWriter(clientset.New(client), source, testingclock.NewFakeClock(now), ktesting.NewLogger(t, ktesting.DefaultConfig))
-			w.Eventf(tt.object, corev1.EventTypeWarning, ReasonAllocationMissing, tt.format, tt.args...)
-			if tt.want == nil && len(w.queue) != 0 {
-				t.Fatalf("%d events queued, want none", len(w.queue))
+			w := New(createIn(client), source, testingclock.NewFakeClock(now), ktesting.NewLogger(t, ktesting.DefaultConfig), testQueueSize)
+			w.Eventf(tt.object, corev1.EventTypeWarning, testReason, tt.format, tt.args...)
+			if tt.want == nil && w.Waiting() != 0 {
+				t.Fatalf("%d events queued, want none", w.Waiting())
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				w.run(ctx)
+				w.Run(ctx)
 			}()
 			defer func() { cancel(); <-done }()
 			var got []corev1.Event
@@ -90,15 +103,15 @@ func TestEventWriter(t *testing.T) {
 	}
 }
 
-// TestEventWriterNeverBlocks checks that Eventf drops events beyond the
+// TestQueueNeverBlocks checks that Eventf drops events beyond the
 // queue instead of waiting for the API server.
-func TestEventWriterNeverBlocks(t *testing.T) {
-	w := newEventWriter(clientset.New(fake.NewClientset()), corev1.EventSource{Component: eventComponent}, testingclock.NewFakeClock(time.Now()), ktesting.NewLogger(t, ktesting.DefaultConfig))
+func TestQueueNeverBlocks(t *testing.T) {
+	w := New(createIn(fake.NewClientset()), corev1.EventSource{Component: testComponent}, testingclock.NewFakeClock(time.Now()), ktesting.NewLogger(t, ktesting.DefaultConfig), testQueueSize)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train"}}
-	for range eventQueueSize + 10 {
-		w.Eventf(pod, corev1.EventTypeWarning, ReasonAllocationMissing, "refused")
+	for range testQueueSize + 10 {
+		w.Eventf(pod, corev1.EventTypeWarning, testReason, "refused")
 	}
-	if got := len(w.queue); got != eventQueueSize {
-		t.Errorf("%d events waiting, want %d", got, eventQueueSize)
+	if got := w.Waiting(); got != testQueueSize {
+		t.Errorf("%d events waiting, want %d", got, testQueueSize)
 	}
 }
