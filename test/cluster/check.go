@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpuslice/gpuslice/extender"
 	"github.com/gpuslice/gpuslice/test/fakecri"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -148,4 +152,41 @@ func (c *Cluster) FailedScheduling(ctx context.Context, namespace string) (map[t
 		out[e.InvolvedObject.UID] = e.Message
 	}
 	return out, nil
+}
+
+// ExtenderHeld scrapes the extender's /metrics and returns one line per GPU for which the
+// extender counts memory, compute or slices held (pods bound or being bound): after every pod is
+// gone, each line is a leaked reservation.
+func (c *Cluster) ExtenderHeld(ctx context.Context) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.ExtenderURL()+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape the extender: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape the extender: status %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scrape the extender: %w", err)
+	}
+	var held []string
+	for _, name := range []string{extender.MetricGPUMemoryAllocated, extender.MetricGPUCoresAllocated, extender.MetricGPUSlicesAllocated} {
+		for _, m := range families[name].GetMetric() {
+			if v := m.GetGauge().GetValue(); v != 0 {
+				l := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					l[lp.GetName()] = lp.GetValue()
+				}
+				held = append(held, fmt.Sprintf("%s %s: %s=%g", l["node"], l["gpu"], name, v))
+			}
+		}
+	}
+	slices.Sort(held)
+	return held, nil
 }
