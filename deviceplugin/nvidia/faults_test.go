@@ -3,6 +3,7 @@ package nvidia
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,7 @@ import (
 
 // serveFaults runs f.ServeFaults on dir with a fake clock until the test
 // ends, and returns the clock.
-func serveFaults(t *testing.T, ctx context.Context, f *Fake, dir string) *testingclock.FakeClock {
+func serveFaults(ctx context.Context, t *testing.T, f *Fake, dir string) *testingclock.FakeClock {
 	t.Helper()
 	clk := testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx, cancel := context.WithCancel(ctx)
@@ -31,6 +32,13 @@ func serveFaults(t *testing.T, ctx context.Context, f *Fake, dir string) *testin
 		}
 	})
 	return clk
+}
+
+// scanAgain ticks clk once ServeFaults's ticker exists, so that it reads the folder again.
+func scanAgain(t *testing.T, clk *testingclock.FakeClock) {
+	t.Helper()
+	waitFor(t, "ServeFaults ticking", clk.HasWaiters)
+	clk.Step(DefaultFaultScan)
 }
 
 // writeFault writes fault into dir, failing the test on error.
@@ -58,9 +66,10 @@ func TestFaultFolderDrivesHealth(t *testing.T) {
 	f := newFixture(t, "2xA100-80GB")
 	events, _ := f.watchReady(0, 1)
 	dir := t.TempDir()
-	clk := serveFaults(t, f.ctx, f.fake, dir)
+	clk := serveFaults(f.ctx, t, f.fake, dir)
 
 	xid := writeFault(t, dir, FakeFault{GPU: 1, XID: 48})
+	scanAgain(t, clk)
 	ev := next(t, events)
 	if ev.UUID != FakeUUID(testNode, 1) || ev.Health != vgpu.Unhealthy || !strings.Contains(ev.Reason, "XID 48") {
 		t.Errorf("health event %+v; want GPU 1 unhealthy for XID 48", ev)
@@ -75,7 +84,7 @@ func TestFaultFolderDrivesHealth(t *testing.T) {
 	noEvent(t, events)
 
 	reset := writeFault(t, dir, FakeFault{GPU: 1, Reset: true})
-	clk.Step(DefaultFaultScan)
+	scanAgain(t, clk)
 	waitFor(t, "reset file removed once applied", func() bool { return gone(reset) })
 	if got := f.fake.RecoveryAction(1); got != nvml.GPU_RECOVERY_ACTION_NONE {
 		t.Errorf("recovery action after the reset = %v, want NONE", got)
@@ -104,13 +113,13 @@ func TestFaultFolderRetriesAndRejects(t *testing.T) {
 	pending := writeFault(t, dir, FakeFault{GPU: 0, XID: 13})
 	var rejected []string
 	for _, body := range []string{`{"gpu": 0}`, `{"gpu": 0, "xid": 13, "reset": true}`, `{"gpu": 0, "xid": 13, "lost": true}`, `not json`, `{"gpu": 3, "xid": 13}`} {
-		path := filepath.Join(dir, "z-"+string(rune('a'+len(rejected)))+".json")
+		path := filepath.Join(dir, fmt.Sprintf("z-%d.json", len(rejected)))
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		rejected = append(rejected, path)
 	}
-	clk := serveFaults(t, f.ctx, f.fake, dir)
+	clk := serveFaults(f.ctx, t, f.fake, dir)
 	for _, path := range rejected {
 		waitFor(t, filepath.Base(path)+" rejected", func() bool { return !gone(path + RejectedSuffix) })
 	}
@@ -123,11 +132,11 @@ func TestFaultFolderRetriesAndRejects(t *testing.T) {
 
 	dev, _ := f.fake.DeviceGetHandleByIndex(0)
 	set, _ := f.fake.EventSetCreate()
-	t.Cleanup(func() { set.Free() })
+	t.Cleanup(func() { _ = set.Free() })
 	if got := dev.RegisterEvents(nvml.EventTypeXidCriticalError, set); got != nvml.SUCCESS {
 		t.Fatalf("RegisterEvents = %v", got)
 	}
-	clk.Step(DefaultFaultScan)
+	scanAgain(t, clk)
 	waitFor(t, "pending XID applied once watched", func() bool { return gone(pending) })
 	data, ret := set.Wait(0)
 	if diff := cmp.Diff(uint64(13), data.EventData); ret != nvml.SUCCESS || diff != "" {
