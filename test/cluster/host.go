@@ -41,3 +41,26 @@ func BuildGpuslice(moduleDir, outDir string) error {
 	}
 	return nil
 }
+
+// RunWithGpuslice is the body of a TestMain for tests that run a cluster of gpuslice's binaries:
+// where HostSupport allows, it builds them (BuildGpuslice) from the product module in moduleDir
+// into a new temporary folder and hands the folder to use, then runs m and removes the folder.
+// It returns m's exit code, or 1 when the folder or the build fails. Where HostSupport does not
+// allow, it runs m alone: the tests skip or, with CI=true, fail.
+func RunWithGpuslice(m interface{ Run() int }, moduleDir string, use func(binDir string)) int {
+	if HostSupport() != nil {
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "gpuslice-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build gpuslice: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := BuildGpuslice(moduleDir, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	use(dir)
+	return m.Run()
+}

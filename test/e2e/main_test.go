@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,23 +15,5 @@ var binDir string
 // TestMain builds the gpuslice binaries from the product module into a temporary folder (seconds
 // with a warm build cache), runs the tests and removes the folder.
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-// run is TestMain's body, so that deferred clean-up runs before os.Exit.
-func run(m *testing.M) int {
-	if os.Geteuid() == 0 {
-		dir, err := os.MkdirTemp("", "gpuslice-e2e-bin-")
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		if err := cluster.BuildGpuslice(filepath.Join("..", ".."), dir); err != nil { // the product module, from test/e2e
-			fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
-			return 1
-		}
-		binDir = dir
-	}
-	return m.Run()
+	os.Exit(cluster.RunWithGpuslice(m, filepath.Join("..", ".."), func(dir string) { binDir = dir })) // the product module, from test/e2e
 }

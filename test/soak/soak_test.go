@@ -2,7 +2,6 @@ package soak
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,27 +18,10 @@ const defaultMinutes = 2
 // will skip. Written once, before any test runs.
 var binDir string
 
-// TestMain builds the gpuslice binaries into a temporary folder, runs the tests and removes it.
+// TestMain builds the gpuslice binaries from the product module into a temporary folder (seconds
+// with a warm build cache), runs the tests and removes the folder.
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-// run is TestMain's body, so that deferred clean-up runs before os.Exit.
-func run(m *testing.M) int {
-	if cluster.HostSupport() == nil {
-		dir, err := os.MkdirTemp("", "gpuslice-soak-bin-")
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "soak: %v\n", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		if err := cluster.BuildGpuslice(filepath.Join("..", ".."), dir); err != nil { // the product module, from test/soak
-			fmt.Fprintf(os.Stderr, "soak: %v\n", err)
-			return 1
-		}
-		binDir = dir
-	}
-	return m.Run()
+	os.Exit(cluster.RunWithGpuslice(m, filepath.Join("..", ".."), func(dir string) { binDir = dir })) // the product module, from test/soak
 }
 
 // soakOptions reads SOAK_MINUTES (chaos minutes, default 2) and SOAK_SEED (default: the time).
