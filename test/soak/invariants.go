@@ -24,9 +24,11 @@ const (
 	cdiSpecPrefix   = "gpuslice.io-vgpu_"
 	cdiDevicePrefix = "gpuslice.io/vgpu="
 	// cdiSpecLife is how long a spec no live container uses may stay: the plugin removes such
-	// specs once a minute when they are over a minute old, and at its start; the rest is slack
-	// for a kubelet that was down (its PodResources did not answer).
-	cdiSpecLife = 3 * time.Minute
+	// specs once a minute (and at its start) when they are over a minute old, so within two
+	// minutes; a collection is skipped while the kubelet's PodResources does not answer (the
+	// kubelet is down, or its rate limit refuses the call during a burst of container starts),
+	// and this allows for two skipped in a row.
+	cdiSpecLife = 5 * time.Minute
 	// unseenGrace is how long a CreateContainer record may wait for its pod to be seen with an
 	// allocation before it counts as unchecked.
 	unseenGrace = 30 * time.Second
@@ -51,6 +53,7 @@ func (s *soak) check(ctx context.Context, rc *recordCheck) {
 	holding := holdingPods(list.Items)
 	running := 0
 	for _, p := range list.Items {
+		s.seen.pod(&p)
 		if p.Status.Phase == corev1.PodRunning {
 			running++
 		}

@@ -106,6 +106,7 @@ func (s *soak) drive(ctx context.Context, rng *rand.Rand) {
 		}
 		live := pods.Items[:0]
 		for _, p := range pods.Items {
+			s.seen.pod(&p) // the informer may be relisting after an API server restart
 			if p.Status.Phase == corev1.PodFailed {
 				s.deleteFailed(ctx, &p)
 				continue
@@ -194,7 +195,7 @@ func (s *soak) deleteFailed(ctx context.Context, p *corev1.Pod) {
 	s.tally.add(func(r *Report) { r.FailedAtAdmission[reason]++ })
 }
 
-// seen is what the informers saw: each pod's latest version with an allocation (kept after the
+// seen is what the informers (and the driver's lists) saw: each pod's latest version with an allocation (kept after the
 // pod is deleted, so that its containers' records can still be checked), and the events of each
 // pod. Safe for concurrent use.
 type seen struct {
