@@ -53,13 +53,15 @@ e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real pro
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
 
 # make soak: minutes of chaos (a whole number; make test runs 2) and the seed of its choices
-# (empty: the time; the summary prints the seed to repeat a run).
+# (empty: the time; the summary prints the seed to repeat a run); on failure, the components'
+# logs are copied to SOAK_LOG_DIR.
 SOAK_MINUTES ?= 20
 SOAK_SEED    ?=
+SOAK_LOG_DIR ?= $(CURDIR)/$(OUT)/soak-logs
 
 .PHONY: soak
 soak: cluster ## Chaos soak on a local cluster for SOAK_MINUTES (default 20): pods driven, components killed, XIDs injected, invariants checked (root).
-	cd test && SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) go test -count=1 -timeout $$(( $(SOAK_MINUTES) + 20 ))m -run '^TestSoak$$' -v ./soak/
+	cd test && SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) SOAK_LOG_DIR=$(SOAK_LOG_DIR) go test -count=1 -timeout $$(( $(SOAK_MINUTES) + 20 ))m -run '^TestSoak$$' -v ./soak/
 
 # make bench-scale: node counts (comma-separated) and, optionally, pods per phase, plain pods
 # bound before the phases (for memory at a cluster's worth of pods) and a phase deadline.

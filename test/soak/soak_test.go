@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,29 @@ func soakOptions(t *testing.T) Options {
 	return opts
 }
 
+// keepLogs copies every component's log into $SOAK_LOG_DIR, when set, before Stop removes the
+// cluster's folder.
+func keepLogs(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	dir := os.Getenv("SOAK_LOG_DIR")
+	if dir == "" {
+		return
+	}
+	for _, p := range c.State.Processes {
+		b, err := os.ReadFile(p.Log)
+		if err == nil {
+			err = os.MkdirAll(dir, 0o750)
+		}
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(p.Name, "/", "_")+".log"), b, 0o600)
+		}
+		if err != nil {
+			t.Errorf("keep the log of %s: %v", p.Name, err)
+		}
+	}
+	t.Logf("component logs kept in %s", dir)
+}
+
 // TestSoak runs the chaos soak (see the package comment) for SOAK_MINUTES and fails on any
 // violation. It skips where a cluster cannot run, and fails there when CI=true.
 func TestSoak(t *testing.T) {
@@ -71,6 +95,7 @@ func TestSoak(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("component logs:\n%s", c.LogTails(40))
+			keepLogs(t, c)
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stop cluster: %v", err)
