@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -67,6 +68,10 @@ type allocator struct {
 	cfg    Config
 	inv    *inventory
 	pods   podSource     // nil: no API client, no allocations
+	// live lists the node's pods from the API server itself (API.NodePods),
+	// to confirm at each container start that the view's pod of that name
+	// is the pod the API server has now; nil trusts the view.
+	live cache.ListerWithContext
 	lister podLister     // the kubelet's PodResources (coalesced)
 	events eventRecorder // nil: no events
 	claims *claimStore

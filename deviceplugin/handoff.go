@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -60,6 +61,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		}
 		view.start(ctx)
 		a.pods = view
+		a.live = cache.ToListerWithContext(p.opts.Client.NodePods(p.cfg.NodeName))
 		events := newEventWriter(p.opts.Client, corev1.EventSource{Component: eventComponent, Host: p.cfg.NodeName}, p.opts.Clock, logger.WithName("events"))
 		eventsDone := make(chan struct{})
 		go func() {

@@ -192,7 +192,11 @@ func (s *soak) deleteFailed(ctx context.Context, p *corev1.Pod) {
 	if reason == "" {
 		reason = "no reason"
 	}
-	s.tally.add(func(r *Report) { r.FailedAtAdmission[reason]++ })
+	example := fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Message)
+	s.tally.add(func(r *Report) {
+		r.FailedAtAdmission[reason]++
+		r.FailedExample[reason] = example
+	})
 }
 
 // seen is what the informers (and the driver's lists) saw: each pod's latest version with an allocation (kept after the

@@ -50,8 +50,10 @@ type Report struct {
 	// RunningPeak is the most pods seen Running at one check; RunningAtEnd how many the
 	// settle phase saw Running once every pod that fits ran.
 	RunningPeak, RunningAtEnd int
-	// FailedAtAdmission counts pods a kubelet refused (phase Failed), by reason.
+	// FailedAtAdmission counts pods a kubelet refused (phase Failed), by reason;
+	// FailedExample holds the message of the latest one of each reason.
 	FailedAtAdmission map[string]int
+	FailedExample     map[string]string
 	// Faults counts the faults injected, by kind.
 	Faults map[string]int
 	// Checks counts the passes of the continuous checks that ran; ChecksSkipped those that
@@ -73,6 +75,9 @@ func (r *Report) String() string {
 		r.Created, r.NeverFit, r.Deleted, r.RunningPeak, r.RunningAtEnd)
 	fmt.Fprintf(&b, "  creations refused: %s\n", counts(r.CreateRefused))
 	fmt.Fprintf(&b, "  pods failed at kubelet admission: %s\n", counts(r.FailedAtAdmission))
+	for _, reason := range slices.Sorted(maps.Keys(r.FailedExample)) {
+		fmt.Fprintf(&b, "    e.g. %s: %s\n", reason, r.FailedExample[reason])
+	}
 	total := 0
 	for _, n := range r.Faults {
 		total += n
@@ -112,7 +117,7 @@ type tally struct {
 
 func newTally() *tally {
 	return &tally{
-		r:        Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, Faults: map[string]int{}},
+		r:        Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, FailedExample: map[string]string{}, Faults: map[string]int{}},
 		reported: map[string]bool{},
 	}
 }
@@ -154,6 +159,7 @@ func (t *tally) report() *Report {
 	r.Elapsed = t.elapsed
 	r.CreateRefused = maps.Clone(t.r.CreateRefused)
 	r.FailedAtAdmission = maps.Clone(t.r.FailedAtAdmission)
+	r.FailedExample = maps.Clone(t.r.FailedExample)
 	r.Faults = maps.Clone(t.r.Faults)
 	r.Violations = slices.Clone(t.r.Violations)
 	return &r
