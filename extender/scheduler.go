@@ -210,8 +210,15 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 // kept as a podMeta asks for no GPU and carries no allocation: it counts
 // its CPU and memory on its node and no GPU usage (an update that removed a
 // pod's last hami.io/ annotation must still remove what it counted).
+//
+// The informer keys pods by namespace/name. When its watch breaks (an API
+// server restart) and it lists again, a pod deleted and created again under
+// the same name in the gap arrives as an update from the old pod to the new
+// one, never as the old pod's delete: an update that changes the UID first
+// removes what the old pod held, else its slices would stay counted for
+// good (found by the chaos soak).
 func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandlerFuncs {
-	return handlers(func(obj any) {
+	h := handlers(func(obj any) {
 		switch o := obj.(type) {
 		case *podMeta:
 			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
@@ -226,6 +233,16 @@ func podHandlers(logger klog.Logger, st *clusterState) cache.ResourceEventHandle
 			st.deletePod(o.GetUID())
 		}
 	})
+	update := h.UpdateFunc
+	h.UpdateFunc = func(oldObj, obj any) {
+		if o, ok := oldObj.(metav1.Object); ok {
+			if n, ok := obj.(metav1.Object); ok && n.GetUID() != o.GetUID() {
+				st.deletePod(o.GetUID())
+			}
+		}
+		update(oldObj, obj)
+	}
+	return h
 }
 
 // trimmer returns the informers' transform: it drops from each object
