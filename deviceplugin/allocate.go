@@ -65,13 +65,13 @@ var errNoPodView = errors.New("no API server configured (--kubeconfig or in-clus
 // container gets exactly its own pod's slice (see docs/handoff.md). It is
 // safe for concurrent use; nothing in it is node-wide locked.
 type allocator struct {
-	cfg    Config
-	inv    *inventory
-	pods   podSource     // nil: no API client, no allocations
+	cfg  Config
+	inv  *inventory
+	pods podSource // nil: no API client, no allocations
 	// live lists the node's pods from the API server itself (API.NodePods),
 	// to confirm at each container start that the view's pod of that name
 	// is the pod the API server has now; nil trusts the view.
-	live cache.ListerWithContext
+	live   cache.ListerWithContext
 	lister podLister     // the kubelet's PodResources (coalesced)
 	events eventRecorder // nil: no events
 	claims *claimStore
