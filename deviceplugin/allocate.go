@@ -140,7 +140,7 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	}
 	held := a.heldDevices(ctx)
 	if _, ok := a.waitPending(ctx, func() (pendingContainer, bool) {
-		for _, c := range a.pendingContainers(held) {
+		for _, c := range a.pendingContainers(a.pods.Pods(), held) {
 			if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
 				return c, true
 			}

@@ -178,9 +178,23 @@ func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids
 	return current, cca, nil
 }
 
-// currentPod reads ref's pod from the API server: a consistent list of the
-// pods bound to this node.
+// currentPod reads ref's pod from the API server (livePods).
 func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.Pod, error) {
+	pods, err := a.livePods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pods {
+		if p.Namespace == ref.Namespace && p.Name == ref.Pod {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
+}
+
+// livePods reads the pods bound to this node from the API server: a
+// consistent list, for when the view may lag.
+func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
 	obj, err := a.live.ListWithContext(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list the pods of node %s: %w", a.cfg.NodeName, err)
@@ -189,12 +203,11 @@ func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.P
 	if !ok {
 		return nil, fmt.Errorf("list the pods of node %s: got a %T", a.cfg.NodeName, obj)
 	}
+	pods := make([]*corev1.Pod, len(list.Items))
 	for i := range list.Items {
-		if p := &list.Items[i]; p.Namespace == ref.Namespace && p.Name == ref.Pod {
-			return p, nil
-		}
+		pods[i] = &list.Items[i]
 	}
-	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
+	return pods, nil
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the
