@@ -265,6 +265,10 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 	}
 }
 
+// Process returns the latest process started under name (e.g. APIServerName, ExtenderName), or
+// nil. Use it when no start of that process is in progress.
+func (c *Cluster) Process(name string) *Process { return c.process(name) }
+
 // process returns the running process named name, or nil.
 func (c *Cluster) process(name string) *Process {
 	c.mu.Lock()

@@ -24,12 +24,20 @@ const restartTimeout = 2 * time.Minute
 // returns. A component that does not come back is a violation.
 func (s *soak) chaos(ctx context.Context, rng *rand.Rand) {
 	for pause(ctx, between(rng, time.Second, 4*time.Second)) {
+		s.superviseNow()
 		kind, err := s.fault(rng)
 		s.tally.add(func(r *Report) { r.Faults[kind]++ })
 		if err != nil {
 			s.tally.violate(InvariantRecovered, fmt.Sprintf("%s %v", kind, time.Now()), fmt.Sprintf("%s: %v\n%s", kind, err, s.c.LogTails(20)))
 		}
 	}
+}
+
+// superviseNow runs supervise within restartTimeout.
+func (s *soak) superviseNow() {
+	ctx, cancel := context.WithTimeout(context.Background(), restartTimeout)
+	defer cancel()
+	s.supervise(ctx)
 }
 
 // fault injects one random fault and returns its kind, e.g. "kubelet SIGKILL" or "XID reset

@@ -19,6 +19,7 @@ const (
 	InvariantNoLeak    = "no leaked reservation"
 	InvariantReusable  = "freed slices reusable"
 	InvariantRecovered = "component recovered"
+	InvariantNoCrash   = "no gpuslice crash"
 )
 
 // Violation is one broken invariant.
@@ -56,6 +57,11 @@ type Report struct {
 	FailedExample     map[string]string
 	// Faults counts the faults injected, by kind.
 	Faults map[string]int
+	// Crashes counts the processes that exited on their own, by process name, which the soak
+	// restarted as a supervisor would; CrashExample holds the last log line of the latest.
+	// A crash of a gpuslice component is also a violation.
+	Crashes      map[string]int
+	CrashExample map[string]string
 	// Checks counts the passes of the continuous checks that ran; ChecksSkipped those that
 	// could not read the API server or the nodes (being restarted).
 	Checks, ChecksSkipped int
@@ -83,6 +89,10 @@ func (r *Report) String() string {
 		total += n
 	}
 	fmt.Fprintf(&b, "  faults injected: %d: %s\n", total, counts(r.Faults))
+	fmt.Fprintf(&b, "  crashes (restarted by the soak): %s\n", counts(r.Crashes))
+	for _, name := range slices.Sorted(maps.Keys(r.CrashExample)) {
+		fmt.Fprintf(&b, "    %s, last log line: %s\n", name, r.CrashExample[name])
+	}
 	fmt.Fprintf(&b, "  invariant passes: %d (%d skipped while the API server was down)\n", r.Checks, r.ChecksSkipped)
 	fmt.Fprintf(&b, "  container records checked: %d (%d whose pod was never seen allocated)\n", r.RecordsChecked, r.RecordsUnchecked)
 	fmt.Fprintf(&b, "  violations: %d\n", len(r.Violations))
@@ -117,7 +127,8 @@ type tally struct {
 
 func newTally() *tally {
 	return &tally{
-		r:        Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, FailedExample: map[string]string{}, Faults: map[string]int{}},
+		r: Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, FailedExample: map[string]string{}, Faults: map[string]int{},
+			Crashes: map[string]int{}, CrashExample: map[string]string{}},
 		reported: map[string]bool{},
 	}
 }
@@ -161,6 +172,8 @@ func (t *tally) report() *Report {
 	r.FailedAtAdmission = maps.Clone(t.r.FailedAtAdmission)
 	r.FailedExample = maps.Clone(t.r.FailedExample)
 	r.Faults = maps.Clone(t.r.Faults)
+	r.Crashes = maps.Clone(t.r.Crashes)
+	r.CrashExample = maps.Clone(t.r.CrashExample)
 	r.Violations = slices.Clone(t.r.Violations)
 	return &r
 }

@@ -27,6 +27,7 @@ const fillPercent = 25
 // settle runs the checks after the chaos: every GPU reset and every node back; every pod that
 // fits Running; every pod deleted with nothing left held; the freed slices all taken again.
 func (s *soak) settle(ctx context.Context) {
+	s.superviseNow()
 	if err := s.recoverNodes(ctx); err != nil {
 		s.tally.violate(InvariantRecovered, "nodes", fmt.Sprintf("nodes not back within %v of the chaos end: %v", recoverTimeout, err))
 	}
@@ -97,6 +98,7 @@ func (s *soak) waitFitRunning(ctx context.Context) {
 	var unsettled map[string]string
 	running := 0
 	_ = wait.PollUntilContextTimeout(ctx, time.Second, settleTimeout, true, func(ctx context.Context) (bool, error) {
+		s.superviseNow()
 		list, err := pods.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // keep polling: the wait's end reports what is left
@@ -253,6 +255,7 @@ func (s *soak) fill(ctx context.Context) {
 	s.tally.add(func(r *Report) { r.Created += total })
 	var notRunning []corev1.Pod
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, settleTimeout, true, func(ctx context.Context) (bool, error) {
+		s.superviseNow()
 		list, err := pods.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // keep polling
