@@ -57,10 +57,10 @@ func keepLogs(t *testing.T, c *cluster.Cluster) {
 	for _, p := range c.State.Processes {
 		b, err := os.ReadFile(p.Log)
 		if err == nil {
-			err = os.MkdirAll(dir, 0o750)
+			err = os.MkdirAll(dir, 0o750) //nolint:gosec // G703: the user names the folder
 		}
 		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(p.Name, "/", "_")+".log"), b, 0o600)
+			err = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(p.Name, "/", "_")+".log"), b, 0o600) //nolint:gosec // G703: the user names the folder
 		}
 		if err != nil {
 			t.Errorf("keep the log of %s: %v", p.Name, err)
