@@ -79,8 +79,10 @@ func TestFaultFolderDrivesHealth(t *testing.T) {
 		t.Errorf("recovery action after XID 48 = %v, want GPU_RESET", got)
 	}
 
-	// The re-probe after the cool-down still finds a reset pending.
+	// The re-probe after the cool-down still finds a reset pending, and schedules the next.
+	waitFor(t, "re-probe scheduled", f.clock.HasWaiters)
 	f.clock.Step(testCoolDown)
+	waitFor(t, "next re-probe scheduled", f.clock.HasWaiters)
 	noEvent(t, events)
 
 	reset := writeFault(t, dir, FakeFault{GPU: 1, Reset: true})
@@ -89,7 +91,6 @@ func TestFaultFolderDrivesHealth(t *testing.T) {
 	if got := f.fake.RecoveryAction(1); got != nvml.GPU_RECOVERY_ACTION_NONE {
 		t.Errorf("recovery action after the reset = %v, want NONE", got)
 	}
-	waitFor(t, "next re-probe scheduled", func() bool { return f.clock.HasWaiters() })
 	f.clock.Step(testCoolDown)
 	if ev := next(t, events); ev.UUID != FakeUUID(testNode, 1) || ev.Health != vgpu.Healthy {
 		t.Errorf("health event %+v; want GPU 1 healthy again after the reset", ev)
