@@ -157,6 +157,10 @@ func (s *soak) checkRecord(node string, r fakecri.Record, p *corev1.Pod) {
 		s.tally.violate(InvariantExact, key, fmt.Sprintf("%s: its pod's allocation has no such container: %s", what, p.Annotations[vgpu.AnnotationPodAllocation]))
 		return
 	}
+	if len(r.CDIDevices) == 0 && r.Env["GPUSLICE_POD_UID"] == "" {
+		s.tally.violate(InvariantExact, key, fmt.Sprintf("%s started without its slice: no CDI device and no GPU environment, though its allocation is %v", what, ca.GPUs))
+		return
+	}
 	if bad := cluster.EnvMismatches(p, ca, r.Env); len(bad) > 0 {
 		s.tally.violate(InvariantExact, key, fmt.Sprintf("%s got another allocation than its own (CDI devices %v): %s", what, r.CDIDevices, strings.Join(bad, "; ")))
 	}
