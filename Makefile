@@ -59,9 +59,9 @@ cluster: ## Build the local cluster's binaries into _output/cluster/bin (first t
 	./hack/build-cluster.sh
 
 .PHONY: test
-test: cluster ## The test command: unit tests, real kubelet/API server tests and the e2e scenarios on a local cluster, all with -race.
+test: cluster ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios and a 2-minute chaos soak on a local cluster, all with -race.
 	go test -race -count=1 ./...
-	cd test && go test -race -count=1 -timeout 25m ./...
+	cd test && SOAK_MINUTES=2 go test -race -count=1 -timeout 25m ./...
 
 .PHONY: e2e
 e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
@@ -71,6 +71,17 @@ e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real pro
 .PHONY: gpu-check
 gpu-check: ## On a GPU machine: NVML tests, the device plugin on real NVML against the kubelet device manager, and a report (< 5 min).
 	./hack/gpu-check.sh
+
+# make soak: minutes of chaos (a whole number; make test runs 2) and the seed of its choices
+# (empty: the time; the summary prints the seed to repeat a run); on failure, the components'
+# logs are copied to SOAK_LOG_DIR.
+SOAK_MINUTES ?= 20
+SOAK_SEED    ?=
+SOAK_LOG_DIR ?= $(CURDIR)/$(OUT)/soak-logs
+
+.PHONY: soak
+soak: cluster ## Chaos soak on a local cluster for SOAK_MINUTES (default 20): pods driven, components killed, XIDs injected, invariants checked (root).
+	cd test && SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) SOAK_LOG_DIR=$(SOAK_LOG_DIR) go test -count=1 -timeout $$(( $(SOAK_MINUTES) + 20 ))m -run '^TestSoak$$' -v ./soak/
 
 # make bench-scale: node counts (comma-separated) and, optionally, pods per phase, plain pods
 # bound before the phases (for memory at a cluster's worth of pods) and a phase deadline.

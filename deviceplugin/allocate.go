@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -64,9 +65,13 @@ var errNoPodView = errors.New("no API server configured (--kubeconfig or in-clus
 // container gets exactly its own pod's slice (see docs/handoff.md). It is
 // safe for concurrent use; nothing in it is node-wide locked.
 type allocator struct {
-	cfg    Config
-	inv    *inventory
-	pods   podSource     // nil: no API client, no allocations
+	cfg  Config
+	inv  *inventory
+	pods podSource // nil: no API client, no allocations
+	// live lists the node's pods from the API server itself (API.NodePods),
+	// to confirm at each container start that the view's pod of that name
+	// is the pod the API server has now; nil trusts the view.
+	live   cache.ListerWithContext
 	lister podLister     // the kubelet's PodResources (coalesced)
 	events eventRecorder // nil: no events
 	claims *claimStore
@@ -147,7 +152,7 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	}
 	held := a.heldDevices(ctx)
 	if _, ok := a.waitPending(ctx, func() (pendingContainer, bool) {
-		for _, c := range a.pendingContainers(held) {
+		for _, c := range a.pendingContainers(a.pods.Pods(), held) {
 			if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
 				return c, true
 			}

@@ -93,6 +93,11 @@ type Config struct {
 	// (dgxa100, dgxh100, dgxh200, dgxb200) or a list such as
 	// "2xA100-80GB,1xT4-16GB".
 	FakeGPUs string `json:"fakeGPUs,omitempty"`
+	// FakeGPUFaultsDir, with FakeGPUs, is a folder the fake GPUs take
+	// faults from while the plugin runs: files that ask for an XID or a GPU
+	// reset (nvidia.WriteFakeFault, docs/health.md), so that tests can break
+	// and repair the GPUs of a running plugin. Empty takes none.
+	FakeGPUFaultsDir string `json:"fakeGPUFaultsDir,omitempty"`
 	// Mode is how a container gets its slice: "cdi" (default) or "env"
 	// (runtimes without CDI support). See ModeCDI and ModeEnv.
 	Mode Mode `json:"mode"`
@@ -214,6 +219,10 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("leaseRenew", c.LeaseRenew.String(), "must be a duration above 0 and below leaseDuration ("+c.LeaseDuration.String()+")")
 	case c.HealthCoolDown.Duration <= 0:
 		return vgpu.InvalidField("healthCoolDown", c.HealthCoolDown.String(), "must be a duration above 0")
+	case c.FakeGPUFaultsDir != "" && c.FakeGPUs == "":
+		return vgpu.InvalidField("fakeGPUFaultsDir", c.FakeGPUFaultsDir, "must be empty unless fakeGPUs is set: only fake GPUs take injected faults")
+	case c.FakeGPUFaultsDir != "" && !cleanAbs(c.FakeGPUFaultsDir):
+		return vgpu.InvalidField("fakeGPUFaultsDir", c.FakeGPUFaultsDir, "must be empty or a clean absolute path of a folder")
 	case c.Mode != ModeCDI && c.Mode != ModeEnv:
 		return vgpu.InvalidField("mode", string(c.Mode), `must be "cdi" (CDI devices, the default) or "env" (environment, for runtimes without CDI)`)
 	case !cleanAbs(c.CDISpecDir):

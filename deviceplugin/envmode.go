@@ -40,7 +40,7 @@ func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string, device 
 
 // envMatch picks the container for ids (see allocateEnv).
 func (a *allocator) envMatch(device string, ids, gpus []string, held map[containerRef][]string) (pendingContainer, bool) {
-	pending := a.pendingContainers(held)
+	pending := a.pendingContainers(a.pods.Pods(), held)
 	if o, ok := a.claims.offered(device); ok {
 		for _, c := range pending {
 			if c.Ref == o.Ref && c.Pod.UID == o.PodUID && len(c.Alloc.GPUs) == len(ids) {

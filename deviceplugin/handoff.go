@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -59,6 +60,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		}
 		view.start(ctx)
 		a.pods = view
+		a.live = cache.ToListerWithContext(p.opts.Client.NodePods(p.cfg.NodeName))
 		a.events = p.events
 		stops = append(stops, view.stop)
 	} else {

@@ -173,7 +173,8 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 		claims = newClaimStore(filepath.Join(cfg.EffectiveStateDir(), checkpointFileName))
 	}
 	f.alloc = &allocator{
-		cfg: cfg, inv: inv, pods: f.view, lister: f.podRes, events: f.events, claims: claims,
+		cfg: cfg, inv: inv, pods: f.view, live: cache.ToListerWithContext(clientset.New(f.client).NodePods(cfg.NodeName)),
+		lister: f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
 	f.useFacts(NodeFacts{})

@@ -73,7 +73,7 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
 		}
-		if pick, ok := a.offerPending(containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); ok {
+		if pick, ok := a.offerPending(waitCtx, containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); ok {
 			return pick
 		}
 		select {
@@ -89,10 +89,22 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 // offer. Containers of pods the kubelet already lists (listed: it admits a
 // pod after adding it to its pod manager, which PodResources reads) come
 // first: the kubelet is admitting one of them, while an older pod it has
-// not seen yet cannot be the one asking.
-func (a *allocator) offerPending(held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) ([]string, bool) {
+// not seen yet cannot be the one asking. When the view shows no pending
+// container of a listed pod, the view lags the kubelet (its watch is being
+// re-established after an API server restart, say) and the pods are read
+// from the API server instead: guessing among the view's unlisted pods
+// would put the asking container's devices on another pod's GPUs, where
+// its own allocation can never start (found by the chaos soak).
+func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) ([]string, bool) {
 	now := a.clock.Now()
-	pending := a.pendingContainers(held)
+	pending := a.pendingContainers(a.pods.Pods(), held)
+	if a.live != nil && !slices.ContainsFunc(pending, func(c pendingContainer) bool { return listed[c.Ref.pod()] }) {
+		if pods, err := a.livePods(ctx); err == nil {
+			pending = a.pendingContainers(pods, held)
+		} else {
+			a.logger.V(2).Info("GetPreferredAllocation: the pod view shows no pod the kubelet admits, and the API server did not answer", "err", err.Error())
+		}
+	}
 	slices.SortStableFunc(pending, func(x, y pendingContainer) int {
 		lx, ly := listed[x.Ref.pod()], listed[y.Ref.pod()]
 		switch {
@@ -123,16 +135,17 @@ func (a *allocator) offerPending(held map[containerRef][]string, listed map[type
 	return nil, false
 }
 
-// pendingContainers lists the containers the scheduler placed on this
-// node that hold no devices yet (held comes from PodResources) and, in
+// pendingContainers lists the containers of pods (the pods bound to this
+// node) that the scheduler placed here and that hold no devices yet (held
+// comes from PodResources) and, in
 // mode env, were not allocated yet, oldest pod first (creation time, then
 // namespace/name), then in allocation order. Terminal and deleted pods,
 // unreadable allocations, allocations for other nodes and regular init
 // containers (the kubelet hands their devices to the app containers) are
 // left out.
-func (a *allocator) pendingContainers(held map[containerRef][]string) []pendingContainer {
+func (a *allocator) pendingContainers(pods []*corev1.Pod, held map[containerRef][]string) []pendingContainer {
 	var out []pendingContainer
-	for _, pod := range a.pods.Pods() {
+	for _, pod := range pods {
 		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}

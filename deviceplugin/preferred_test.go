@@ -9,8 +9,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
@@ -90,6 +93,17 @@ func TestGetPreferredAllocation(t *testing.T) {
 				for range 1000 {
 					f.podRes.fail(codes.ResourceExhausted)
 				}
+			},
+		},
+		{
+			// The kubelet admits old, which the view has not seen yet (its watch is being
+			// re-established); the view shows only mid, which the kubelet does not list.
+			// Found by the chaos soak: guessing mid put old's devices on mid's GPU, where
+			// old's allocation could never start.
+			name: "the view lags the kubelet: the pod it admits is read from the API server", pods: []*corev1.Pod{mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
+			setup: func(f *handoffFixture) {
+				f.podRes.admit("default", "old")
+				f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(mid.DeepCopy(), old.DeepCopy())).NodePods("node-1"))
 			},
 		},
 		{name: "no pending pod: must-include first, then the kubelet's order", avail: devicesOf(), must: []string{DeviceID(gpuB, 3)}, size: 2, want: []string{DeviceID(gpuB, 3), DeviceID(gpuA, 0)}},

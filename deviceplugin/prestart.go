@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -107,9 +108,10 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 // the old pod's allocation; the devices then give it away. A mismatch is
 // waited out for OwnerWait (the view catching up), then refused, as is a
 // pod the view shows being deleted (the kubelet starts no container of
-// one): the
-// kubelet retries the start, which succeeds once the view shows the pod
-// the devices were allocated for.
+// one): the kubelet retries the start, which succeeds once the view shows
+// the pod the devices were allocated for. A match is confirmed with the API
+// server (currentAllocation), since the old and new pods' slices may be on
+// the same GPU.
 func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
 	defer cancel()
@@ -121,7 +123,7 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 		}
 		deleting := pod.DeletionTimestamp != nil
 		if !deleting && len(ca.GPUs) == len(ids) && slices.Equal(gpus, allocationGPUs(ca)) {
-			return pod, ca, nil
+			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca)
 		}
 		select {
 		case <-changed:
@@ -140,6 +142,79 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 				"the devices were allocated for another pod of that name (the plugin's view of a pod deleted and created again may lag); the start is retried",
 			ref, len(ids), a.cfg.ResourceName, gpus, pod.Namespace, pod.Name, pod.UID, len(ca.GPUs), allocationGPUs(ca))
 	}
+}
+
+// currentAllocation confirms with the API server that pod, the view's pod
+// of ref whose allocation ca fits the devices, is the pod of that name the
+// API server has now, and returns it with ca. The view may lag (its watch
+// is being re-established after an API server restart) while a pod is
+// deleted and created again under the same name with a slice on the same
+// GPU: the GPUs then match, and only the UID tells the old pod from the new
+// one. When the API server has another pod of that name, that pod's own
+// allocation is checked against the devices and returned instead. A read
+// that fails, or finds no such pod, refuses the start (the kubelet
+// retries): a container must not start with an allocation nobody
+// confirmed is its own.
+func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+	if a.live == nil {
+		return pod, ca, nil
+	}
+	current, err := a.currentPod(ctx, ref)
+	if err != nil {
+		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMismatch, ref, pod,
+			"cannot confirm with the API server that pod %s/%s is still the one with UID %s: %w; the start is retried", ref.Namespace, ref.Pod, pod.UID, err)
+	}
+	if current.UID == pod.UID {
+		return pod, ca, nil
+	}
+	alloc, ok, err := a.pods.Allocation(current)
+	if !ok {
+		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMissing, ref, current,
+			"pod %s/%s (UID %s) has no %s annotation: it was not scheduled by the gpuslice scheduler extender", ref.Namespace, ref.Pod, current.UID, vgpu.AnnotationPodAllocation)
+	}
+	current, cca, err := a.containerAllocation(ref, current, alloc, err)
+	if err != nil {
+		return nil, vgpu.ContainerAllocation{}, err
+	}
+	if current.DeletionTimestamp != nil || len(cca.GPUs) != len(ids) || !slices.Equal(gpus, allocationGPUs(cca)) {
+		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMismatch, ref, current,
+			"container %s holds %d %s devices on GPUs %v, which neither pod %s/%s of the plugin's view (UID %s) nor the one the API server has now (UID %s, %d GPU slices on %v) can start with; the start is retried",
+			ref, len(ids), a.cfg.ResourceName, gpus, ref.Namespace, ref.Pod, pod.UID, current.UID, len(cca.GPUs), allocationGPUs(cca))
+	}
+	a.logger.V(2).Info("Pod view lags: using the pod the API server has", "container", ref, "viewUID", pod.UID, "podUID", current.UID)
+	return current, cca, nil
+}
+
+// currentPod reads ref's pod from the API server (livePods).
+func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.Pod, error) {
+	pods, err := a.livePods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pods {
+		if p.Namespace == ref.Namespace && p.Name == ref.Pod {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
+}
+
+// livePods reads the pods bound to this node from the API server: a
+// consistent list, for when the view may lag.
+func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
+	obj, err := a.live.ListWithContext(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of node %s: %w", a.cfg.NodeName, err)
+	}
+	list, ok := obj.(*corev1.PodList)
+	if !ok {
+		return nil, fmt.Errorf("list the pods of node %s: got a %T", a.cfg.NodeName, obj)
+	}
+	pods := make([]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		pods[i] = &list.Items[i]
+	}
+	return pods, nil
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the

@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -12,8 +13,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -213,6 +219,41 @@ func TestPreStartRefusesStalePodOfTheSameName(t *testing.T) {
 	env := specEnv(f.readSpec(id))
 	if got := []string{envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
 		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
+	}
+}
+
+// TestPreStartConfirmsThePodWithTheAPIServer is the same race when the new
+// pod's slice is on the same GPU as the old pod's: the devices match both
+// allocations, so only the API server tells the pods apart. The container
+// must get the new pod's identity and limit, not the old pod's (found by
+// the chaos soak: a container started with another pod's UID and memory
+// limit). A start the API server cannot confirm is refused and retried.
+func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
+	f := newHandoff(t, nil)
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
+	recreated.UID = "uid-new"
+	// The API server has only the new pod; the plugin's view still shows the old one.
+	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "web-0", "main", id)
+
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart with the new pod on the API server: %v", err)
+	}
+	env := specEnv(f.readSpec(id))
+	if got := []string{envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m], not the old pod's [uid-old 40960m]", got)
+	}
+
+	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, errors.New("connection refused")
+	}}
+	err := f.preStart(id)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot confirm with the API server") || !strings.Contains(err.Error(), "retried") {
+		t.Errorf("preStart with the API server down = %v, want FailedPrecondition saying the pod cannot be confirmed and the start is retried", err)
 	}
 }
 

@@ -238,6 +238,13 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 // GPU and carries no allocation: it counts its CPU and memory on its node
 // and no GPU usage (an update that removed a pod's last hami.io/
 // annotation must still remove what it counted).
+//
+// The informer keys pods by namespace/name. When its watch breaks (an API
+// server restart) and it lists again, a pod deleted and created again under
+// the same name in the gap arrives as an update from the old pod to the new
+// one, never as the old pod's delete: an update that changes the UID first
+// removes what the old pod held, else its slices would stay counted for
+// good (found by the chaos soak), and the new pod arrives.
 func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) cache.ResourceEventHandlerFuncs {
 	h := handlers(func(obj any) {
 		switch o := obj.(type) {
@@ -255,6 +262,19 @@ func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) ca
 			st.deletePod(o.GetUID())
 		}
 	})
+	update := h.UpdateFunc
+	h.UpdateFunc = func(oldObj, obj any) {
+		// meta.Accessor reads a podMeta through GetObjectMeta.
+		o, oldErr := meta.Accessor(oldObj)
+		n, newErr := meta.Accessor(obj)
+		if oldErr == nil && newErr == nil && n.GetUID() != o.GetUID() {
+			st.deletePod(o.GetUID())
+			if arrived != nil {
+				arrived(obj)
+			}
+		}
+		update(oldObj, obj)
+	}
 	if arrived != nil {
 		upsert := h.AddFunc
 		h.AddFunc = func(obj any) {

@@ -196,6 +196,39 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 	}
 }
 
+// TestPodHandlersRecreatedUnderSameName checks the update an informer
+// delivers when it lists again after a watch gap in which a pod was deleted
+// and created again under the same name: from the old pod to the new one,
+// with no delete of the old one. Only the new pod's slice may count.
+func TestPodHandlersRecreatedUnderSameName(t *testing.T) {
+	st := testState()
+	h := podHandlers(klog.Background(), st, nil)
+	trim := trimmer(vgpu.ResourceGPU)
+	add := func(p *corev1.Pod) any {
+		obj, err := trim(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return obj
+	}
+	old := boundPod(vgputest.Pod("web-0").Container("main").GPU(1).MemoryMiB(2000),
+		vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 2000, 0).Obj())
+	old.UID = "uid-old"
+	recreated := boundPod(vgputest.Pod("web-0").Container("main").GPU(1).MemoryMiB(1000),
+		vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 0).Obj())
+	recreated.UID = "uid-new"
+
+	h.OnAdd(add(old), false)
+	h.OnUpdate(add(old), add(recreated))
+	if diff := cmp.Diff(vgpu.GPUUsage{MemoryMiB: 1000, Slices: 1}, st.usageOf("n1").GPU("n1-GPU-0")); diff != "" {
+		t.Errorf("usage after the old pod was replaced by the new one (-want +got):\n%s", diff)
+	}
+	h.OnDelete(add(recreated))
+	if len(st.pods) != 0 {
+		t.Errorf("after the new pod's delete: %d pods counted, want none", len(st.pods))
+	}
+}
+
 func TestTrim(t *testing.T) {
 	alloc := vgputest.Allocation("n1").InitContainer("side").Slice("n1-GPU-0", 1000, 0).Container("main").Slice("n1-GPU-0", 2000, 10).Obj()
 	pod := boundPod(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUModel, "A100").

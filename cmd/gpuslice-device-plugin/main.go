@@ -57,7 +57,7 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	backend, err := openBackend(cfg, logger)
+	backend, err := openBackend(ctx, cfg, logger)
 	var fieldErr *vgpu.FieldError
 	switch {
 	case errors.As(err, &fieldErr):
@@ -156,6 +156,7 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	fs.DurationVar(&cfg.LeaseRenew.Duration, "lease-renew", cfg.LeaseRenew.Duration, "heartbeat Lease renewal interval")
 	fs.DurationVar(&cfg.HealthCoolDown.Duration, "health-cooldown", cfg.HealthCoolDown.Duration, "wait before re-probing an unhealthy GPU")
 	fs.StringVar(&cfg.FakeGPUs, "fake-gpus", cfg.FakeGPUs, "use fake GPUs instead of NVML: dgxa100|dgxh100|dgxh200|dgxb200 or a list like 2xA100-80GB,1xT4-16GB")
+	fs.StringVar(&cfg.FakeGPUFaultsDir, "fake-gpu-faults-dir", cfg.FakeGPUFaultsDir, "with --fake-gpus: folder to take injected faults from (files asking for an XID or a GPU reset, docs/health.md); empty takes none")
 	fs.StringVar((*string)(&cfg.Mode), "mode", string(cfg.Mode), "how containers get their slice: cdi (CDI devices) or env (environment, for runtimes without CDI)")
 	fs.StringVar(&cfg.CDISpecDir, "cdi-spec-dir", cfg.CDISpecDir, "folder the plugin writes its CDI specs to (mode cdi); the container runtime must read it")
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", cfg.PodResourcesSocket, "the kubelet's PodResources API socket")
@@ -175,18 +176,34 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	return cfg, *kubeconfig, cfg.Validate()
 }
 
-// openBackend opens NVML, or fake GPUs when configured. A bad fake spec is
-// a configuration error; anything else means the plugin cannot start.
-func openBackend(cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, error) {
+// openBackend opens NVML, or fake GPUs when configured; with a faults
+// folder, the fake GPUs take faults from it until ctx ends. A bad fake spec
+// is a configuration error; anything else means the plugin cannot start.
+func openBackend(ctx context.Context, cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, error) {
 	opts := nvidia.Options{CoolDown: cfg.HealthCoolDown.Duration, Logger: logger.WithName("nvml")}
-	if cfg.FakeGPUs != "" {
-		fake, err := nvidia.NewFake(cfg.FakeGPUs, cfg.NodeName)
-		if err != nil {
-			return nil, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
-		}
-		opts.Library = fake
+	if cfg.FakeGPUs == "" {
+		return nvidia.Open(opts)
 	}
-	return nvidia.Open(opts)
+	fake, err := nvidia.NewFake(cfg.FakeGPUs, cfg.NodeName)
+	if err != nil {
+		return nil, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
+	}
+	opts.Library = fake
+	backend, err := nvidia.Open(opts)
+	if err != nil || cfg.FakeGPUFaultsDir == "" {
+		return backend, err
+	}
+	if _, err := os.ReadDir(cfg.FakeGPUFaultsDir); err != nil {
+		_ = backend.Close()
+		return nil, vgpu.InvalidField("fakeGPUFaultsDir", cfg.FakeGPUFaultsDir, "must be a folder that exists and can be read: "+err.Error())
+	}
+	go func() {
+		faultsCtx := klog.NewContext(ctx, logger.WithName("fake-faults"))
+		if err := fake.ServeFaults(faultsCtx, cfg.FakeGPUFaultsDir, nvidia.FaultOptions{}); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error(err, "Fake GPU faults folder stopped")
+		}
+	}()
+	return backend, nil
 }
 
 // cgroupRoot is where the node's cgroup file system is mounted.

@@ -48,6 +48,7 @@ func TestBadStart(t *testing.T) {
 		{name: "resource name", args: []string{"--node-name=n1", "--resource-name=gpu"}, wantCode: 2, want: []string{"resourceName", "hami.io/gpu"}},
 		{name: "unknown field in config file", args: []string{"--node-name=n1", "--config=" + badFile}, wantCode: 2, want: []string{"memoryScale"}},
 		{name: "bad fake GPU spec", args: []string{"--node-name=n1", "--fake-gpus=3xBANANA", "--device-plugin-dir=" + pluginDir}, wantCode: 2, want: []string{"fakeGPUs", "BANANA"}},
+		{name: "missing faults folder", args: []string{"--node-name=n1", "--fake-gpus=1xT4-16GB", "--fake-gpu-faults-dir=" + filepath.Join(dir, "absent"), "--device-plugin-dir=" + pluginDir}, wantCode: 2, want: []string{"fakeGPUFaultsDir", "absent"}},
 		{name: "stray argument", args: []string{"--node-name=n1", "extra"}, wantCode: 2, want: []string{"extra"}},
 		{name: "unknown mode", args: []string{"--node-name=n1", "--mode=docker"}, wantCode: 2, want: []string{"mode", "docker", "cdi", "env"}},
 		{name: "relative CDI spec dir", args: []string{"--node-name=n1", "--cdi-spec-dir=cdi"}, wantCode: 2, want: []string{"cdiSpecDir", "absolute"}},
@@ -147,7 +148,7 @@ func TestNodeFactsOfFakeGPUs(t *testing.T) {
 			cfg.NodeName = "n1"
 			cfg.FakeGPUs = tt.spec
 			cfg.MPSControl = mps
-			backend, err := openBackend(cfg, klog.Background())
+			backend, err := openBackend(t.Context(), cfg, klog.Background())
 			if err != nil {
 				t.Fatal(err)
 			}

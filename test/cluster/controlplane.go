@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -176,11 +175,7 @@ func (c *Cluster) startKubeScheduler(ctx context.Context, bin string, args, env 
 	if err != nil {
 		return err
 	}
-	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed loopback health probe
-	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/healthz"
-	return c.waitFor(ctx, "kube-scheduler /healthz", []*Process{p}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, insecure, url), nil
-	})
+	return c.waitKubeSchedulerReady(ctx, p, "kube-scheduler /healthz")
 }
 
 // RESTConfig returns a client configuration for the admin user that verifies the API server's

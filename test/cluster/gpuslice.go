@@ -144,19 +144,7 @@ func (c *Cluster) startExtender(ctx context.Context, extraArgs []string) (int, e
 // RestartExtender stops the extender and starts it again on the same port with the same flags,
 // waiting for /readyz.
 func (c *Cluster) RestartExtender(ctx context.Context) error {
-	p := c.process(ExtenderName)
-	if p == nil {
-		return errors.New("no extender is running")
-	}
-	if err := p.Stop(); err != nil {
-		return err
-	}
-	dir := filepath.Join(c.State.Dir, ExtenderName)
-	np, err := c.startEnv(ExtenderName, c.State.ExtenderPath, p.Args, p.Env, dir)
-	if err != nil {
-		return err
-	}
-	return c.waitExtenderReady(ctx, np, "gpuslice extender /readyz after restart")
+	return c.Restart(ctx, ExtenderName, false)
 }
 
 // waitExtenderReady waits until the extender process p answers /readyz (its informers synced).
@@ -231,18 +219,24 @@ func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
 	if err != nil {
 		return err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	if err := c.waitFor(ctx, "gpuslice webhook /readyz", []*Process{p}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, client, c.WebhookURL()+"/readyz"), nil
-	}); err != nil {
+	if err := c.waitWebhookReady(ctx, p, "gpuslice webhook /readyz"); err != nil {
 		return err
 	}
 	if _, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, webhookConfig(c.WebhookURL()+"/mutate", certPEM), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create MutatingWebhookConfiguration: %w", err)
 	}
 	return c.waitWebhookCalled(ctx, p, "API server calling the gpuslice webhook")
+}
+
+// waitWebhookReady waits until the webhook process p answers /readyz over TLS, verified with
+// State.WebhookCA.
+func (c *Cluster) waitWebhookReady(ctx context.Context, p *Process, what string) error {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.State.WebhookCA)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	return c.waitFor(ctx, what, []*Process{p}, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, client, c.WebhookURL()+"/readyz"), nil
+	})
 }
 
 // waitWebhookCalled waits until the API server calls the webhook process p: the API server picks a
@@ -291,6 +285,10 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 		}},
 	}
 }
+
+// Process returns the latest process started under name (e.g. APIServerName, ExtenderName), or
+// nil. Use it when no start of that process is in progress.
+func (c *Cluster) Process(name string) *Process { return c.process(name) }
 
 // process returns the running process named name, or nil.
 func (c *Cluster) process(name string) *Process {

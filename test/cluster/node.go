@@ -100,7 +100,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	n := &Node{c: c, NodeState: NodeState{NodeOptions: opts, Dir: filepath.Join(c.State.Dir, opts.Name), KubeletPort: port}}
-	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log"), n.CDISpecDir()} {
+	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log"), n.CDISpecDir(), n.FaultsDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("node %s: create folder: %w", n.Name, err)
 		}
@@ -130,6 +130,10 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 // CDISpecDir returns the node's CDI spec folder (the runtime's /var/run/cdi): the device plugin
 // writes specs there and the fake CRI resolves CDI devices from it.
 func (n *Node) CDISpecDir() string { return filepath.Join(n.Dir, "cdi") }
+
+// FaultsDir returns the folder the node's device plugin takes fake GPU faults from
+// (--fake-gpu-faults-dir; see nvidia.WriteFakeFault). Not used with a chart.
+func (n *Node) FaultsDir() string { return filepath.Join(n.Dir, "faults") }
 
 // criSocket returns the fake CRI's socket path.
 func (n *Node) criSocket() string { return filepath.Join(n.Dir, "cri.sock") }
@@ -264,9 +268,12 @@ func (n *Node) removeNotReadyTaint(ctx context.Context) error {
 // StopKubelet stops the kubelet (SIGTERM, then SIGKILL); its mount namespace goes with it.
 func (n *Node) StopKubelet() error { return n.Kubelet.Stop() }
 
+// KillKubelet kills the kubelet with SIGKILL, as a crash would; StartKubelet starts it again.
+func (n *Node) KillKubelet() error { return n.Kubelet.Kill() }
+
 // StartPlugin starts the node's device plugin with fake GPUs, pointed at the host path of the
-// node's device-plugin folder; with a chart, as the DaemonSet that selects the node says. It does
-// not wait: see WaitPluginReady.
+// node's device-plugin folder and taking fake GPU faults from FaultsDir; with a chart, as the
+// DaemonSet that selects the node says. It does not wait: see WaitPluginReady.
 func (n *Node) StartPlugin() error {
 	if n.c.chart != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -279,6 +286,7 @@ func (n *Node) StartPlugin() error {
 		"--device-plugin-dir=" + n.DevicePluginDir(),
 		"--pod-resources-socket=" + n.PodResourcesSocket(),
 		"--cdi-spec-dir=" + n.CDISpecDir(),
+		"--fake-gpu-faults-dir=" + n.FaultsDir(),
 		"--kubeconfig=" + n.c.State.Kubeconfig,
 		"--v=2",
 	}

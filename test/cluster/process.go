@@ -31,6 +31,8 @@ type Process struct {
 	Log string `json:"log"`
 	// WorkDir is the process's working folder, empty when it started.
 	WorkDir string `json:"workDir"`
+	// Path is the program that was started.
+	Path string `json:"path"`
 	// Args are the command-line arguments it was started with (without the program); Env are the
 	// variables set on top of this process's environment.
 	Args []string `json:"args"`
@@ -78,7 +80,7 @@ func startProcess(name, path string, args, env []string, workDir, logPath string
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
 	}
-	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, Args: args, Env: env, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, PID: cmd.Process.Pid, Log: logPath, WorkDir: workDir, Path: path, Args: args, Env: env, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.done)

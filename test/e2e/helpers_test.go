@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,24 +19,17 @@ import (
 // fails it when CI=true: CI must run these tests.
 func requireHost(t *testing.T) {
 	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "needs root (the kubelet bind-mounts /var/lib and /var/log in its own mount namespace)"
-	} else if _, err := exec.LookPath("unshare"); err != nil {
-		why = "needs unshare(1) from util-linux: " + err.Error()
-	} else if _, err := cluster.FindBinDir(); err != nil {
-		why = err.Error()
-	}
-	if why == "" {
+	err := cluster.HostSupport()
+	if err == nil {
 		if binDir == "" {
 			t.Fatal("e2e: TestMain did not build the gpuslice binaries")
 		}
 		return
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("e2e: %s (CI=true: not skipping)", why)
+		t.Fatalf("e2e: %v (CI=true: not skipping)", err)
 	}
-	t.Skipf("e2e: %s", why)
+	t.Skipf("e2e: %v", err)
 }
 
 // startCluster starts a cluster with nodes, stopping it in t.Cleanup; when t failed, the tail of

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
-	"github.com/gpuslice/gpuslice/test/fakecri"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -91,15 +88,7 @@ func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, time
 
 // failedScheduling returns the latest FailedScheduling message per pod UID in the default namespace.
 func failedScheduling(ctx context.Context, c *cluster.Cluster) (map[types.UID]string, error) {
-	events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedScheduling"})
-	if err != nil {
-		return nil, err
-	}
-	out := map[types.UID]string{}
-	for _, e := range events.Items {
-		out[e.InvolvedObject.UID] = e.Message
-	}
-	return out, nil
+	return c.FailedScheduling(ctx, metav1.NamespaceDefault)
 }
 
 // waitPendingWith waits up to 30 s for the unbound pod name (default namespace) to have a
@@ -123,118 +112,28 @@ func waitPendingWith(t *testing.T, c *cluster.Cluster, name, want string) {
 	})
 }
 
-// latestRecords returns, per pod UID and container, the latest CreateContainer record of every node.
-func latestRecords(t *testing.T, c *cluster.Cluster) map[string]fakecri.Record {
-	t.Helper()
-	out := map[string]fakecri.Record{}
-	for _, n := range c.Nodes {
-		records, err := n.CRIRecords()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range records {
-			out[r.PodUID+"/"+r.Container] = r
-		}
-	}
-	return out
-}
-
 // checkExact compares each running pod's containers' environment, as the runtime resolved it at
 // CreateContainer, with the pod's own allocation annotation, and returns one line per mismatch.
 func checkExact(t *testing.T, c *cluster.Cluster, running []corev1.Pod) []string {
 	t.Helper()
-	records := latestRecords(t, c)
-	var bad []string
-	for _, p := range running {
-		alloc, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
-		if err != nil {
-			bad = append(bad, fmt.Sprintf("%s: allocation annotation: %v", p.Name, err))
-			continue
-		}
-		if alloc.Node != p.Spec.NodeName {
-			bad = append(bad, fmt.Sprintf("%s: allocation for node %q, bound to %q", p.Name, alloc.Node, p.Spec.NodeName))
-		}
-		for _, ca := range alloc.Containers {
-			r, ok := records[string(p.UID)+"/"+ca.Name]
-			if !ok {
-				bad = append(bad, fmt.Sprintf("%s/%s: no CreateContainer record", p.Name, ca.Name))
-				continue
-			}
-			bad = append(bad, envMismatches(p, ca, r.Env)...)
-		}
-	}
-	return bad
-}
-
-// envMismatches compares env with what container ca of pod p must see.
-func envMismatches(p corev1.Pod, ca vgpu.ContainerAllocation, env map[string]string) []string {
-	uuids := make([]string, len(ca.GPUs))
-	for i, s := range ca.GPUs {
-		uuids[i] = s.UUID
-	}
-	want := map[string]string{
-		"GPUSLICE_POD_UID":       string(p.UID),
-		"GPUSLICE_POD":           p.Namespace + "/" + p.Name,
-		"GPUSLICE_CONTAINER":     ca.Name,
-		"NVIDIA_VISIBLE_DEVICES": strings.Join(uuids, ","),
-	}
-	for i, s := range ca.GPUs {
-		want["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(i)] = strconv.FormatInt(s.MemoryMiB, 10) + "m"
+	records, err := c.LatestRecords()
+	if err != nil {
+		t.Fatal(err)
 	}
 	var bad []string
-	for _, k := range slices.Sorted(maps.Keys(want)) {
-		if env[k] != want[k] {
-			bad = append(bad, fmt.Sprintf("%s/%s: %s=%q, want %q", p.Name, ca.Name, k, env[k], want[k]))
-		}
-	}
-	if _, extra := env["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(len(ca.GPUs))]; extra {
-		bad = append(bad, fmt.Sprintf("%s/%s: a memory limit for GPU %d, which it was not granted", p.Name, ca.Name, len(ca.GPUs)))
+	for i := range running {
+		bad = append(bad, cluster.AllocationMismatches(&running[i], records)...)
 	}
 	return bad
 }
 
 // checkCapacity sums the allocations of pods per GPU and returns one line per GPU whose slices
-// exceed its schedulable memory or split count.
+// exceed its schedulable memory, split count or compute.
 func checkCapacity(t *testing.T, c *cluster.Cluster, pods []corev1.Pod) []string {
 	t.Helper()
-	ctx := context.Background()
-	type use struct {
-		memMiB int64
-		slices int
-	}
-	used := map[string]*use{}
-	for _, p := range pods {
-		alloc, err := vgpu.ParsePodAllocation(p.Annotations[vgpu.AnnotationPodAllocation])
-		if err != nil {
-			continue // reported by checkExact
-		}
-		for _, ca := range alloc.Containers {
-			for _, s := range ca.GPUs {
-				u := used[s.UUID]
-				if u == nil {
-					u = &use{}
-					used[s.UUID] = u
-				}
-				u.memMiB += s.MemoryMiB
-				u.slices++
-			}
-		}
-	}
-	var bad []string
-	for _, n := range c.Nodes {
-		_, inv, err := c.NodeInventory(ctx, n.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, g := range inv.GPUs {
-			u := used[g.UUID]
-			if u == nil {
-				continue
-			}
-			if u.memMiB > g.SchedulableMemoryMiB || u.slices > inv.SplitCount {
-				bad = append(bad, fmt.Sprintf("%s %s: %d MiB in %d slices, has %d MiB and %d slices", n.Name, g.UUID, u.memMiB, u.slices, g.SchedulableMemoryMiB, inv.SplitCount))
-			}
-		}
+	bad, err := c.CapacityViolations(context.Background(), pods)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bad
 }

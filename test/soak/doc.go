@@ -1,0 +1,24 @@
+// Package soak is gpuslice's chaos soak: for a set time, on a local cluster of real processes
+// (package cluster: three nodes of mixed fake GPUs, the fake CRI runtime), a driver keeps
+// creating and deleting GPU pods of random sizes, some that never fit, while a chaos loop kills
+// and restarts the kubelets, the device plugins (SIGKILL and SIGTERM), the extender,
+// kube-scheduler, the webhook and the API server, and injects XIDs into the running fake GPUs
+// and resets them (through each plugin's faults folder, --fake-gpu-faults-dir).
+//
+// Invariants are checked all along, every violation printed with the objects involved:
+//   - capacity: no GPU's slices exceed its schedulable memory, its split count or its compute;
+//   - exactness: every container the fake runtime created got its own pod's allocation (pod
+//     identity, GPUs and memory limits in its environment, as the runtime resolved the CDI
+//     devices), on the node of that allocation;
+//   - explained: no pod stays Pending for a minute without an event saying why;
+//   - no leaked CDI spec: a plugin spec file that no live container uses is removed within the
+//     plugin's collection period.
+//
+// When the chaos stops, every GPU is reset and, within 60 s, every pod that fits (vgpu.Fit over
+// the pods running) must be Running; then every pod is deleted, the extender must count nothing
+// held (no leaked reservation), and the freed cluster must take a full set of slices again, all
+// Running within 60 s. Run prints a summary (pods created, deleted and running, faults by kind,
+// violations); any violation fails the test. Pods that a kubelet refuses at admission while its
+// device plugin is down (Kubernetes does that, FIELD.md §1) are counted, not violations, and are
+// deleted as a controller would replace them.
+package soak

@@ -1,0 +1,179 @@
+package soak
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Invariants a Violation names.
+const (
+	InvariantCapacity  = "capacity"
+	InvariantExact     = "exact allocation"
+	InvariantExplained = "pending explained"
+	InvariantCDILeak   = "no leaked CDI spec"
+	InvariantSettled   = "settled after chaos"
+	InvariantNoLeak    = "no leaked reservation"
+	InvariantReusable  = "freed slices reusable"
+	InvariantRecovered = "component recovered"
+	InvariantNoCrash   = "no gpuslice crash"
+)
+
+// Violation is one broken invariant.
+type Violation struct {
+	// At is when it was seen.
+	At time.Time
+	// Invariant is one of the Invariant constants.
+	Invariant string
+	// Detail names the objects involved.
+	Detail string
+}
+
+// String renders the violation on one line.
+func (v Violation) String() string {
+	return v.At.Format("15:04:05.000") + " " + v.Invariant + ": " + v.Detail
+}
+
+// Report is what a soak did and found.
+type Report struct {
+	// Elapsed is the whole run, chaos and checks after it.
+	Elapsed time.Duration
+	// Created, Deleted and CreateRefused count the driver's pods: created, deleted by the
+	// driver (each settle phase's deletions included), and creations the API server refused
+	// (down, or the webhook down: GPU pods are refused then), by the start of the error.
+	Created, Deleted int
+	CreateRefused    map[string]int
+	// NeverFit counts the pods created that no node can hold.
+	NeverFit int
+	// RunningPeak is the most pods seen Running at one check; RunningAtEnd how many the
+	// settle phase saw Running once every pod that fits ran.
+	RunningPeak, RunningAtEnd int
+	// FailedAtAdmission counts pods a kubelet refused (phase Failed), by reason;
+	// FailedExample holds the message of the latest one of each reason.
+	FailedAtAdmission map[string]int
+	FailedExample     map[string]string
+	// Faults counts the faults injected, by kind.
+	Faults map[string]int
+	// Crashes counts the processes that exited on their own, by process name, which the soak
+	// restarted as a supervisor would; CrashExample holds the last log line of the latest.
+	// A crash of a gpuslice component is also a violation.
+	Crashes      map[string]int
+	CrashExample map[string]string
+	// Checks counts the passes of the continuous checks that ran; ChecksSkipped those that
+	// could not read the API server or the nodes (being restarted).
+	Checks, ChecksSkipped int
+	// RecordsChecked counts the CreateContainer records compared with their pod's allocation;
+	// RecordsUnchecked those whose pod the informer never saw with an allocation (created and
+	// deleted while it was relisting after an API server restart).
+	RecordsChecked, RecordsUnchecked int
+	// Violations are the broken invariants, in the order seen.
+	Violations []Violation
+}
+
+// String is the summary the soak prints.
+func (r *Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "soak summary (%v)\n", r.Elapsed.Round(time.Second))
+	fmt.Fprintf(&b, "  pods: %d created (%d that never fit), %d deleted, %d Running at most, %d Running after the chaos\n",
+		r.Created, r.NeverFit, r.Deleted, r.RunningPeak, r.RunningAtEnd)
+	fmt.Fprintf(&b, "  creations refused: %s\n", counts(r.CreateRefused))
+	fmt.Fprintf(&b, "  pods failed at kubelet admission: %s\n", counts(r.FailedAtAdmission))
+	for _, reason := range slices.Sorted(maps.Keys(r.FailedExample)) {
+		fmt.Fprintf(&b, "    e.g. %s: %s\n", reason, r.FailedExample[reason])
+	}
+	total := 0
+	for _, n := range r.Faults {
+		total += n
+	}
+	fmt.Fprintf(&b, "  faults injected: %d: %s\n", total, counts(r.Faults))
+	fmt.Fprintf(&b, "  crashes (restarted by the soak): %s\n", counts(r.Crashes))
+	for _, name := range slices.Sorted(maps.Keys(r.CrashExample)) {
+		fmt.Fprintf(&b, "    %s, last log line: %s\n", name, r.CrashExample[name])
+	}
+	fmt.Fprintf(&b, "  invariant passes: %d (%d skipped while the API server was down)\n", r.Checks, r.ChecksSkipped)
+	fmt.Fprintf(&b, "  container records checked: %d (%d whose pod was never seen allocated)\n", r.RecordsChecked, r.RecordsUnchecked)
+	fmt.Fprintf(&b, "  violations: %d\n", len(r.Violations))
+	for _, v := range r.Violations {
+		fmt.Fprintf(&b, "    %s\n", v)
+	}
+	return b.String()
+}
+
+// counts renders a count map as "a 3, b 1" in key order, or "none".
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// tally collects a run's figures from the driver, the chaos loop and the checks. Safe for
+// concurrent use.
+type tally struct {
+	mu      sync.Mutex
+	r       Report
+	elapsed time.Duration
+	// reported keeps the keys of violations already reported, so that a lasting one is
+	// reported once.
+	reported map[string]bool
+}
+
+func newTally() *tally {
+	return &tally{
+		r: Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, FailedExample: map[string]string{}, Faults: map[string]int{},
+			Crashes: map[string]int{}, CrashExample: map[string]string{}},
+		reported: map[string]bool{},
+	}
+}
+
+// violate records a violation of invariant, once per key.
+func (t *tally) violate(invariant, key, detail string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reported[invariant+"\x00"+key] {
+		return
+	}
+	t.reported[invariant+"\x00"+key] = true
+	t.r.Violations = append(t.r.Violations, Violation{At: time.Now(), Invariant: invariant, Detail: detail})
+}
+
+// add applies f to the report under the lock.
+func (t *tally) add(f func(r *Report)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f(&t.r)
+}
+
+// brief is a one-line progress note.
+func (t *tally) brief() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, v := range t.r.Faults {
+		n += v
+	}
+	return fmt.Sprintf("%d pods created, %d deleted, %d faults, %d violations", t.r.Created, t.r.Deleted, n, len(t.r.Violations))
+}
+
+// report returns a copy of the report.
+func (t *tally) report() *Report {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.r
+	r.Elapsed = t.elapsed
+	r.CreateRefused = maps.Clone(t.r.CreateRefused)
+	r.FailedAtAdmission = maps.Clone(t.r.FailedAtAdmission)
+	r.FailedExample = maps.Clone(t.r.FailedExample)
+	r.Faults = maps.Clone(t.r.Faults)
+	r.Crashes = maps.Clone(t.r.Crashes)
+	r.CrashExample = maps.Clone(t.r.CrashExample)
+	r.Violations = slices.Clone(t.r.Violations)
+	return &r
+}
