@@ -64,7 +64,7 @@ func TestFilterPodWithoutGPU(t *testing.T) {
 	for _, h := range e.prioritize(pod, "idle", "full") {
 		scores[h.Host] = h.Score
 	}
-	if !(scores["full"] > scores["idle"]) {
+	if scores["full"] <= scores["idle"] {
 		t.Errorf("fragmentation: prioritize scores %v, want full above idle", scores)
 	}
 

@@ -47,7 +47,6 @@ func BenchmarkCacheFootprint(b *testing.B) {
 		objs = append(objs, boundPod(vgputest.Pod(fmt.Sprintf("gpu-%05d", i)).Container("main").GPU(1).MemoryMiB(4096), alloc))
 	}
 	client := fake.NewClientset(objs...)
-	objs = nil
 	var mib float64
 	for b.Loop() {
 		before := liveHeap()
