@@ -6,6 +6,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // Result is the verdict of one check.
@@ -40,16 +42,15 @@ type Report struct {
 }
 
 // ConditionRegistered is the node condition the device plugin publishes
-// about its registration with the kubelet.
-const ConditionRegistered corev1.NodeConditionType = "GPUSliceRegistered"
-
-// The reasons of ConditionRegistered.
+// about its registration with the kubelet, and its reasons, as vgpu names
+// them.
 const (
-	ReasonRegistered           = "Registered"
-	ReasonKubeletSocketMissing = "KubeletSocketMissing"
-	ReasonRegisterFailed       = "RegisterFailed"
-	ReasonNoHealthyGPUs        = "NoHealthyGPUs"
-	ReasonDriverNotFound       = "DriverNotFound"
+	ConditionRegistered        = vgpu.ConditionRegistered
+	ReasonRegistered           = vgpu.ReasonRegistered
+	ReasonKubeletSocketMissing = vgpu.ReasonKubeletSocketMissing
+	ReasonRegisterFailed       = vgpu.ReasonRegisterFailed
+	ReasonNoHealthyGPUs        = vgpu.ReasonNoHealthyGPUs
+	ReasonDriverNotFound       = vgpu.ReasonDriverNotFound
 )
 
 // devicePluginGracePeriod is how long the kubelet keeps a resource's

@@ -52,6 +52,9 @@ func TestDoctorBreaks(t *testing.T) {
 		"driver not found": {func(s *Snapshot) {
 			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonDriverNotFound}}
 		}, "gpu-a", "condition", Fail, "DriverNotFound", "install the NVIDIA driver"},
+		"heartbeat stale, said by the extender": {func(s *Snapshot) {
+			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionUnknown, Reason: vgpu.ReasonHeartbeatStale, Message: "heartbeat not renewed for 1m0s"}}
+		}, "gpu-a", "condition", Fail, "GPUSliceRegistered=Unknown (HeartbeatStale): heartbeat not renewed for 1m0s", "stopped renewing its heartbeat Lease"},
 		"socket missing named by the condition": {func(s *Snapshot) {
 			nodeOf(s, "gpu-c").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonKubeletSocketMissing, Message: "no /var/lib/kubelet/device-plugins/kubelet.sock"}}
 		}, "gpu-c", "kubelet-socket", Fail, "KubeletSocketMissing: no /var/lib/kubelet/device-plugins/kubelet.sock", "devicePlugin.kubeletRootDir"},

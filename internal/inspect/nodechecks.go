@@ -115,10 +115,13 @@ func prefixed(sep, s string) string {
 
 // registrationFixes is what to do about each reason of a False condition.
 var registrationFixes = map[string]string{
-	ReasonKubeletSocketMissing: "the plugin watches a folder without the kubelet's kubelet.sock: set devicePlugin.kubeletRootDir to the kubelet's --root-dir (default /var/lib/kubelet)",
-	ReasonRegisterFailed:       "the kubelet refused the registration (the message has its error): read the kubelet's log on the node and check that no other plugin registers hami.io/gpu",
-	ReasonNoHealthyGPUs:        "every GPU is unhealthy: see the node's events for the XID, then reset the GPU or drain and reboot the node",
-	ReasonDriverNotFound:       "NVML did not load: install the NVIDIA driver and container toolkit on the node and run the plugin with the nvidia runtime",
+	ReasonKubeletSocketMissing:   "the plugin watches a folder without the kubelet's kubelet.sock: set devicePlugin.kubeletRootDir to the kubelet's --root-dir (default /var/lib/kubelet)",
+	ReasonRegisterFailed:         "the kubelet refused the registration (the message has its error): read the kubelet's log on the node and check that no other plugin registers hami.io/gpu",
+	ReasonNoHealthyGPUs:          "every GPU is unhealthy: see the node's events for the XID, then reset the GPU or drain and reboot the node",
+	ReasonDriverNotFound:         "NVML did not load: install the NVIDIA driver and container toolkit on the node and run the plugin with the nvidia runtime",
+	vgpu.ReasonPluginStopped:     "the device plugin stopped: check that its DaemonSet schedules a pod on this node and that the pod is Running (lines below)",
+	vgpu.ReasonHeartbeatStale:    "the plugin stopped renewing its heartbeat Lease: it is dead or cannot reach the API server; see the plugin pod's state and log (lines below)",
+	vgpu.ReasonNoAllocatableGPUs: "the plugin says registered but the kubelet reports no allocatable hami.io/gpu: restart the plugin pod, and read the kubelet's log for the device manager's errors",
 }
 
 func checkCondition(n *corev1.Node) Check {
