@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -37,13 +38,15 @@ type benchSlice struct {
 	cores     int
 }
 
-// pod returns a pod named name asking for the slice on one GPU.
+// pod returns a pod named name asking for the slice on one GPU, and 4 CPUs
+// and 16 GiB of the host, as GPU pods do.
 func (sl benchSlice) pod(name string) *corev1.Pod {
-	return vgputest.Pod(name).Container("main").GPU(1).MemoryMiB(sl.memoryMiB).Cores(sl.cores).Obj()
+	return vgputest.Pod(name).Container("main").GPU(1).MemoryMiB(sl.memoryMiB).Cores(sl.cores).
+		Request(corev1.ResourceCPU, "4").Request(corev1.ResourceMemory, "16Gi").Obj()
 }
 
 // benchScheduler is a synced Scheduler over nodes published nodes of 8 GPUs
-// (benchModels in turn) with slices pods of one slice each already bound,
+// (benchModels in turn), 96 CPUs and 512 GiB with slices pods of one slice each already bound,
 // fed straight into the state as the informers would: each pod of
 // benchSlices in turn, on a random node where vgpu.Fit places it under
 // policy, so GPUs fill unevenly as in a real cluster. Seeded: the same
@@ -68,7 +71,12 @@ func benchScheduler(b *testing.B, nodes, slicesPlaced int, policy vgpu.Policy) (
 			nb.GPU(uuid, m.memoryMiB).Model(uuid, m.model)
 		}
 		invs[i] = nb.Obj()
-		s.state.upsertNode(vgputest.PublishedNode(invs[i]).Obj())
+		// As kubelets report them: the fragmentation policy then weighs
+		// the nodes' free CPU and memory.
+		node := vgputest.PublishedNode(invs[i]).Obj()
+		node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("96")
+		node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("512Gi")
+		s.state.upsertNode(node)
 		s.state.upsertLease(vgputest.HeartbeatLease(name, now).Obj())
 	}
 	rng := rand.New(rand.NewPCG(42, 7)) // the same cluster for the same arguments

@@ -359,8 +359,16 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *frag
 	n := len(w.shapes)
 	buf := make([]float64, 3*n)
 	m := &fragModel{w: w, cnt: make([]int, n), sum: buf[:n], weight: [2][]float64{buf[n : 2*n], buf[2*n:]}}
+	w.fillWeights(hostFree, pod, m.weight[0], m.weight[1])
+	return m
+}
+
+// fillWeights adds to before and after, per shape, the share of w whose
+// classes fit hostFree before and after the pod's host requests (every
+// class when hostFree is nil): fragModel.weight. A nil before is skipped.
+func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, before, after []float64) {
 	if w.total <= 0 {
-		return m
+		return
 	}
 	// Pods without GPUs weigh the GPUs their mean CPU feeds.
 	cpuOnlyWeight := 1.0
@@ -374,7 +382,7 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *frag
 		}
 	}
 	if total <= 0 {
-		return m
+		return
 	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
@@ -382,19 +390,21 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *frag
 		if c.GPUs == 0 {
 			share = c.Weight * cpuOnlyWeight / total
 		}
+		si := w.shapeOf[ci]
 		if hostFree == nil {
-			m.weight[0][w.shapeOf[ci]] += share
-			m.weight[1][w.shapeOf[ci]] += share
+			if before != nil {
+				before[si] += share
+			}
+			after[si] += share
 			continue
 		}
-		if c.Host.CPUMilli <= hostFree.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB {
-			m.weight[0][w.shapeOf[ci]] += share
+		if before != nil && c.Host.CPUMilli <= hostFree.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB {
+			before[si] += share
 		}
 		if c.Host.CPUMilli <= hostFree.CPUMilli-pod.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB-pod.MemoryMiB {
-			m.weight[1][w.shapeOf[ci]] += share
+			after[si] += share
 		}
 	}
-	return m
 }
 
 // usable reports whether shape t could take a slice of g holding u.

@@ -185,10 +185,10 @@ func (s *NodeSummary) Fit(pod PodDemand, opts FitOptions) (Placement, error) {
 // quickFit is Fit for the commonest pod — one app container, one slice of
 // one GPU, no model or UUID filter — read from the summary's cells rather
 // than the inventory, with the same result to the bit. ok is false when it
-// cannot answer: another pod, host resources known, another workload for
-// the fragmentation policy, or a failure that needs Fit's message.
+// cannot answer: another pod, another workload for the fragmentation
+// policy, or a failure that needs Fit's message.
 func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err error, ok bool) {
-	if !oneSlice(pod) || s.hostFree != nil {
+	if !oneSlice(pod) {
 		return Placement{}, nil, false
 	}
 	cr, c := pod.Request.Containers[0], pod.Constraints
@@ -201,6 +201,23 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	frag := p.NodePolicy == PolicyFragmentation || p.GPUPolicy == PolicyFragmentation
 	if frag && (s.frag == nil || opts.Workload != s.w || s.frag.masks == nil) {
 		return Placement{}, nil, false
+	}
+	// The workload's weights after the pod: the summary's, unless the
+	// pod's host requests leave some classes without room on the host.
+	weight := [2][]float64{}
+	var afterBuf [16]float64
+	if frag {
+		weight = s.frag.weight
+		if s.hostFree != nil && pod.Host != (HostResources{}) {
+			after := afterBuf[:]
+			if n := len(s.w.shapes); n <= len(afterBuf) {
+				after = afterBuf[:n]
+			} else {
+				after = make([]float64, n)
+			}
+			s.w.fillWeights(s.hostFree, pod.Host, nil, after)
+			weight[1] = after
+		}
 	}
 	// The filters of fitState.choose and check, in their order.
 	split := s.inv.SplitCount
@@ -248,7 +265,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 				st.node = s.inv
 			}
 			before := s.base[cell.gi]
-			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: s.frag.weight}
+			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: weight}
 			key = m.delta(&st, cell.gi, before, before.add(use, 1))
 			if nSeen < len(seen) {
 				seen[nSeen], seenKey[nSeen] = i, key
@@ -301,7 +318,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		n := len(s.w.shapes)
 		var cnt [16]int
 		var sum [16]float64
-		m := fragModel{w: s.w, weight: s.frag.weight}
+		m := fragModel{w: s.w, weight: weight}
 		if n <= len(cnt) {
 			m.cnt, m.sum = cnt[:n], sum[:n]
 		} else {

@@ -52,10 +52,15 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 						rejected++
 					}
 					var placed vgpu.Placement
+					// Node and GPU policies: fragmentation on the node, and
+					// each policy alone, so that every path of NodeSummary.Fit
+					// meets host resources known and not.
+					policies := [][2]vgpu.Policy{{vgpu.PolicyFragmentation, vgpu.PolicyBinpack}, {vgpu.PolicyBinpack, vgpu.PolicyBinpack}, {vgpu.PolicySpread, vgpu.PolicySpread}, {vgpu.PolicyFragmentation, vgpu.PolicyFragmentation}}
+					policy := policies[rng.IntN(len(policies))]
 					for _, ow := range []*vgpu.Workload{w, other} {
 						for _, variant := range []int{0, 1, 2, 3} {
 							unscored, reasonOnly := variant&1 != 0, variant&2 != 0
-							opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyBinpack, Workload: ow, Unscored: unscored, ReasonOnly: reasonOnly}
+							opts := vgpu.FitOptions{NodePolicy: policy[0], GPUPolicy: policy[1], Workload: ow, Unscored: unscored, ReasonOnly: reasonOnly}
 							want, wantErr := vgpu.Fit(d, state, opts)
 							got, gotErr := sum.Fit(d, opts)
 							compared++
