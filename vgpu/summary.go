@@ -209,7 +209,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	if frag {
 		weight = s.frag.weight
 		if s.hostFree != nil && pod.Host != (HostResources{}) {
-			after := afterBuf[:]
+			var after []float64
 			if n := len(s.w.shapes); n <= len(afterBuf) {
 				after = afterBuf[:n]
 			} else {
