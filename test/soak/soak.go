@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/harness/progress"
 )
 
 // Defaults of Options.
@@ -55,6 +56,9 @@ type Options struct {
 	TargetPods int
 	// Logf prints progress; nil prints nothing.
 	Logf func(format string, args ...any)
+	// Progress, when set, shows the chaos's elapsed seconds against its
+	// length and the running counts, then the settling phase.
+	Progress *progress.Reporter
 }
 
 // soak is one run: the cluster, what the informers saw, and the tally.
@@ -100,6 +104,22 @@ func Run(ctx context.Context, c *cluster.Cluster, opts Options) (*Report, error)
 	chaosCtx, stopChaos := context.WithTimeout(ctx, opts.Chaos)
 	defer stopChaos()
 	var wg sync.WaitGroup
+	if p := opts.Progress; p != nil {
+		p.Plan(2, 0)
+		p.Stage("chaos", int(opts.Chaos/time.Second), "s")
+		wg.Go(func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-chaosCtx.Done():
+					return
+				case <-tick.C:
+					p.Set(int(time.Since(began)/time.Second), s.tally.brief())
+				}
+			}
+		})
+	}
 	wg.Add(3)
 	go func() { defer wg.Done(); s.drive(chaosCtx, rand.New(rand.NewPCG(opts.Seed, 1))) }() //nolint:gosec // G404: reproducible test choices
 	go func() { defer wg.Done(); s.chaos(chaosCtx, rand.New(rand.NewPCG(opts.Seed, 2))) }() //nolint:gosec // G404: reproducible test choices
@@ -107,7 +127,13 @@ func Run(ctx context.Context, c *cluster.Cluster, opts Options) (*Report, error)
 	wg.Wait()
 	opts.Logf("chaos over after %v: %s", time.Since(began).Round(time.Second), s.tally.brief())
 
+	if opts.Progress != nil {
+		opts.Progress.Stage("settle: every pod that fits Running, nothing held", 0, "")
+	}
 	s.settle(ctx)
+	if opts.Progress != nil {
+		opts.Progress.Finish("%s", s.tally.brief())
+	}
 	s.tally.elapsed = time.Since(began)
 	return s.tally.report(), nil
 }

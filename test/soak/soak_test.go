@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/harness/progress"
 )
 
 // defaultMinutes is the chaos time of the run inside make test; make soak sets SOAK_MINUTES.
@@ -28,7 +29,8 @@ func TestMain(m *testing.M) {
 // soakOptions reads SOAK_MINUTES (chaos minutes, default 2) and SOAK_SEED (default: the time).
 func soakOptions(t *testing.T) Options {
 	t.Helper()
-	opts := Options{Chaos: defaultMinutes * time.Minute, Seed: uint64(time.Now().UnixNano()), Logf: t.Logf} //nolint:gosec // G115: a seed
+	opts := Options{Chaos: defaultMinutes * time.Minute, Seed: uint64(time.Now().UnixNano()), Logf: t.Logf, //nolint:gosec // G115: a seed
+		Progress: progress.New(os.Stderr, "soak", progress.Options{})}
 	if v := os.Getenv("SOAK_MINUTES"); v != "" {
 		m, err := strconv.ParseFloat(v, 64)
 		if err != nil || m <= 0 {
