@@ -153,6 +153,11 @@ type retries struct {
 	// inDirty is its set.
 	dirty   []int
 	inDirty nodeSet
+	// forgotten is the number of the latest change whose node is not in
+	// last: counted while no pod waited, or dropped once every waiting pod
+	// had looked at it. A Filter that read the state before it cannot be
+	// judged against the recorded changes.
+	forgotten uint64
 	// lastChange is when the latest change happened.
 	lastChange time.Time
 	// wake has room for one signal: pods may wait since before a change.
@@ -208,8 +213,15 @@ func (r *retries) rejected(pod *corev1.Pod, d demand, seen uint64, rej rejection
 	}
 	w.d, w.rej = d, rej
 	w.seen = max(w.seen, seen)
-	if r.changes.Load() > seen || rej.elsewhere {
+	switch {
+	case rej.elsewhere || r.forgotten > seen:
+		// A change this Filter may have missed is no longer recorded
+		// by node: the pod is due at the next pass, whatever it was.
 		w.raced = true
+		r.signal()
+	case r.changes.Load() > seen:
+		// The changes since are recorded: the next pass asks the pod
+		// to retry only if one may cure what turned it away (helps).
 		r.signal()
 	}
 }
@@ -229,6 +241,7 @@ func (r *retries) changed(at time.Time, node int, kind changeKind) {
 	seq := r.changes.Add(1)
 	r.lastChange = at
 	if len(r.waiting) == 0 {
+		r.forgotten = seq
 		return
 	}
 	for len(r.last[kind]) <= node {
@@ -325,6 +338,7 @@ func (r *retries) due(now time.Time, fits func(w *waitingPod, node int) bool) (a
 			}
 		}
 		r.dirty, r.inDirty = r.dirty[:0], r.inDirty[:0]
+		r.forgotten = changes
 	}
 	return r.lastChange, pods, again
 }

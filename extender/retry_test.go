@@ -75,6 +75,49 @@ func TestRetriesOrder(t *testing.T) {
 	}
 }
 
+// TestRetriesRacedElsewhere checks that a Filter which raced a change is
+// judged against the changes recorded since it read the state: a change on
+// a node that did not turn the pod away does not wake it (a freed GPU on
+// another node while kube-scheduler re-filters the pod), one on the node
+// that did does; and when the changes since are no longer recorded by
+// node, the pod is due whatever they were.
+func TestRetriesRacedElsewhere(t *testing.T) {
+	r := newRetries()
+	r.rejected(slicePod("waiter", 1024), demand{}, r.seen(), onNode(0, classCapacity))
+	seen := r.seen() // a Filter of the racing pod starts
+	r.changed(now, 1, changeFreed)
+	racing := slicePod("racing", 1024)
+	r.rejected(racing, demand{}, seen, onNode(0, classCapacity))
+	if _, pods, _ := r.due(now, allFit); len(pods) != 0 {
+		t.Errorf("due after a change on another node: %v", pods)
+	}
+	seen = r.seen()
+	r.changed(now, 0, changeFreed)
+	r.rejected(racing, demand{}, seen, onNode(0, classCapacity))
+	_, pods, _ := r.due(now, allFit)
+	if names := podNames(pods); !slices.Equal(names, []string{"racing", "waiter"}) {
+		t.Errorf("due after a change on their node: %v, want racing and waiter", names)
+	}
+	// Nobody waits: the next change is counted but not recorded by node.
+	r.forget("uid-waiter")
+	r.forget(racing.UID)
+	seen = r.seen()
+	r.changed(now, 1, changeFreed)
+	r.rejected(racing, demand{}, seen, onNode(0, classCapacity))
+	if _, pods, _ := r.due(now.Add(retryInterval), allFit); len(pods) != 1 {
+		t.Errorf("a Filter that raced an unrecorded change: due %v, want it", pods)
+	}
+}
+
+func podNames(pods []waitingPod) []string {
+	var names []string
+	for _, p := range pods {
+		names = append(names, p.name)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // TestRetriesPacing checks the limits on writes: at most retryBatch pods
 // per pass, the most recently turned away first, and one pod at most once
 // per retryInterval however many changes come.
