@@ -227,6 +227,24 @@ func (a *allocator) reportEnforcement(ref containerRef, pod *corev1.Pod, ca vgpu
 	a.events.Eventf(pod, corev1.EventTypeNormal, ReasonEnforced, "container %s: %s", ref.Container, enforcementMessage(a.enforcement, a.cfg.NodeName, ca))
 }
 
+// reportEnforcementFromView is reportEnforcement for a container whose pod
+// the view already shows (mode env, after verifyBinding): it reads the
+// allocation as the view has it now and never waits, so the start is not
+// held up for an event; without a readable allocation there is none.
+func (a *allocator) reportEnforcementFromView(ref containerRef) {
+	pod, ok := a.pods.Pod(ref.Namespace, ref.Pod)
+	if !ok {
+		return
+	}
+	alloc, ok, err := a.pods.Allocation(pod)
+	if !ok {
+		return
+	}
+	if pod, ca, err := a.containerAllocation(ref, pod, alloc, err); err == nil {
+		a.reportEnforcement(ref, pod, ca)
+	}
+}
+
 // enforcementMessage says, for a person, what guards a container holding
 // ca on node under mechanism mech.
 func enforcementMessage(mech vgpu.Enforcement, node string, ca vgpu.ContainerAllocation) string {

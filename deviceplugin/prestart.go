@@ -57,9 +57,7 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	}
 	if a.cfg.Mode == ModeEnv {
 		if err = a.verifyBinding(ref, ids); err == nil {
-			if pod, ca, perr := a.podAllocation(ctx, ref); perr == nil {
-				a.reportEnforcement(ref, pod, ca)
-			}
+			a.reportEnforcementFromView(ref)
 		}
 	} else {
 		err = a.writeSpec(ctx, ref, ids, gpus)
