@@ -162,8 +162,10 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 	st := s.state
 	name := n.name
 	// A pod without GPUs needs no device plugin.
-	if v, ok := s.readinessLocked(n, now); !ok && d.wantsGPU() {
-		return v
+	if d.wantsGPU() {
+		if v, ok := s.readinessLocked(n, now); !ok {
+			return v
+		}
 	}
 	opts := s.fitOptions
 	opts.Workload = st.workload
