@@ -17,12 +17,9 @@ import (
 func (b *Backend) Activity() ([]vgpu.GPUActivity, error) {
 	b.life.RLock()
 	defer b.life.RUnlock()
-	if b.closed {
-		return nil, ErrClosed
-	}
-	n, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %w", ret)
+	n, err := b.openCount()
+	if err != nil {
+		return nil, err
 	}
 	out := make([]vgpu.GPUActivity, 0, n)
 	for i := range n {

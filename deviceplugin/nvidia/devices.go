@@ -24,13 +24,9 @@ const bytesPerMiB = 1 << 20
 func (b *Backend) GPUs() ([]vgpu.GPU, error) {
 	b.life.RLock()
 	defer b.life.RUnlock()
-	if b.closed {
-		return nil, ErrClosed
-	}
-
-	n, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %w", ret)
+	n, err := b.openCount()
+	if err != nil {
+		return nil, err
 	}
 	gpus := make([]vgpu.GPU, 0, n)
 	for i := range n {
@@ -150,4 +146,17 @@ func (b *Backend) DriverVersion() (string, error) {
 		return "", fmt.Errorf("NVML driver version: %w", ret)
 	}
 	return v, nil
+}
+
+// openCount returns how many GPUs NVML counts, or ErrClosed after Close.
+// Callers hold b.life's read lock.
+func (b *Backend) openCount() (int, error) {
+	if b.closed {
+		return 0, ErrClosed
+	}
+	n, ret := b.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("NVML device count: %w", ret)
+	}
+	return n, nil
 }

@@ -30,16 +30,13 @@ type XIDSupport struct {
 func (b *Backend) CheckXIDEvents(wait time.Duration) ([]XIDSupport, error) {
 	b.life.RLock()
 	defer b.life.RUnlock()
-	if b.closed {
-		return nil, ErrClosed
+	n, err := b.openCount()
+	if err != nil {
+		return nil, err
 	}
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("NVML create event set: %w", ret)
-	}
-	n, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, errors.Join(fmt.Errorf("NVML device count: %w", ret), freeSet(set))
 	}
 	out := make([]XIDSupport, 0, n)
 	for i := range n {
@@ -64,11 +61,11 @@ func (b *Backend) CheckXIDEvents(wait time.Duration) ([]XIDSupport, error) {
 		}
 		out = append(out, s)
 	}
-	var err error
+	var waitErr error
 	if _, ret := set.Wait(uint32(min(wait, maxEventWait).Milliseconds())); ret != nvml.SUCCESS && ret != nvml.ERROR_TIMEOUT { //nolint:gosec // G115: at most maxEventWait.
-		err = fmt.Errorf("NVML event wait: %w", ret)
+		waitErr = fmt.Errorf("NVML event wait: %w", ret)
 	}
-	return out, errors.Join(err, freeSet(set))
+	return out, errors.Join(waitErr, freeSet(set))
 }
 
 func freeSet(set nvml.EventSet) error {
