@@ -6,8 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // Result is the verdict of one check.
@@ -40,18 +38,6 @@ type Report struct {
 	Warnings int     `json:"warnings"`
 	Failures int     `json:"failures"`
 }
-
-// ConditionRegistered is the node condition the device plugin publishes
-// about its registration with the kubelet, and its reasons, as vgpu names
-// them.
-const (
-	ConditionRegistered        = vgpu.ConditionRegistered
-	ReasonRegistered           = vgpu.ReasonRegistered
-	ReasonKubeletSocketMissing = vgpu.ReasonKubeletSocketMissing
-	ReasonRegisterFailed       = vgpu.ReasonRegisterFailed
-	ReasonNoHealthyGPUs        = vgpu.ReasonNoHealthyGPUs
-	ReasonDriverNotFound       = vgpu.ReasonDriverNotFound
-)
 
 // devicePluginGracePeriod is how long the kubelet keeps a resource's
 // capacity after its plugin's endpoint stopped, with allocatable 0

@@ -47,16 +47,16 @@ func TestDoctorBreaks(t *testing.T) {
 		"plugin outside a pod": {func(s *Snapshot) { s.Pods, s.DaemonSets = s.Pods[:3], nil }, "gpu-a", "plugin-pod", Warn, "runs outside a pod of the chart", "install the chart"},
 		"plugin restarted":     {func(s *Snapshot) { s.Pods[3] = pluginPodObj("gpu-a", true, 2) }, "gpu-a", "plugin-ready", Warn, "2 restarts; last exit OOMKilled (code 137)", "raise devicePlugin.resources.limits.memory"},
 		"condition false": {func(s *Snapshot) {
-			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonRegisterFailed, Message: "kubelet: resource already registered"}}
+			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionFalse, Reason: vgpu.ReasonRegisterFailed, Message: "kubelet: resource already registered"}}
 		}, "gpu-a", "condition", Fail, "GPUSliceRegistered=False (RegisterFailed): kubelet: resource already registered", "kubelet's log"},
 		"driver not found": {func(s *Snapshot) {
-			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonDriverNotFound}}
+			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionFalse, Reason: vgpu.ReasonDriverNotFound}}
 		}, "gpu-a", "condition", Fail, "DriverNotFound", "install the NVIDIA driver"},
 		"heartbeat stale, said by the extender": {func(s *Snapshot) {
-			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionUnknown, Reason: vgpu.ReasonHeartbeatStale, Message: "heartbeat not renewed for 1m0s"}}
+			nodeOf(s, "gpu-a").Status.Conditions = []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionUnknown, Reason: vgpu.ReasonHeartbeatStale, Message: "heartbeat not renewed for 1m0s"}}
 		}, "gpu-a", "condition", Fail, "GPUSliceRegistered=Unknown (HeartbeatStale): heartbeat not renewed for 1m0s", "stopped renewing its heartbeat Lease"},
 		"socket missing named by the condition": {func(s *Snapshot) {
-			nodeOf(s, "gpu-c").Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionFalse, Reason: ReasonKubeletSocketMissing, Message: "no /var/lib/kubelet/device-plugins/kubelet.sock"}}
+			nodeOf(s, "gpu-c").Status.Conditions = []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionFalse, Reason: vgpu.ReasonKubeletSocketMissing, Message: "no /var/lib/kubelet/device-plugins/kubelet.sock"}}
 		}, "gpu-c", "kubelet-socket", Fail, "KubeletSocketMissing: no /var/lib/kubelet/device-plugins/kubelet.sock", "devicePlugin.kubeletRootDir"},
 		"grace period": {func(s *Snapshot) {
 			nodeOf(s, "gpu-a").Status.Allocatable[vgpu.ResourceGPU] = resource.MustParse("0")

@@ -82,7 +82,7 @@ func fixture() *Snapshot {
 	nodeC := vgputest.NodeObject("gpu-c").Obj()
 	nodeC.Labels = map[string]string{vgpu.LabelGPUReady: "false"}
 	nodeA := vgputest.PublishedNode(invA).Obj()
-	nodeA.Status.Conditions = []corev1.NodeCondition{{Type: ConditionRegistered, Status: corev1.ConditionTrue, Reason: ReasonRegistered, Message: "registered hami.io/gpu: 8 devices"}}
+	nodeA.Status.Conditions = []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered, Message: "registered hami.io/gpu: 8 devices"}}
 	notRegistered := vgputest.HeartbeatLease("gpu-c", now.Add(-3*time.Second)).
 		Heartbeat(vgpu.PluginHeartbeat{Node: "gpu-c", PluginVersion: "test", ResourceName: string(vgpu.ResourceGPU)}).Obj()
 

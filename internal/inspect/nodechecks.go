@@ -115,22 +115,22 @@ func prefixed(sep, s string) string {
 
 // registrationFixes is what to do about each reason of a False condition.
 var registrationFixes = map[string]string{
-	ReasonKubeletSocketMissing:   "the plugin watches a folder without the kubelet's kubelet.sock: set devicePlugin.kubeletRootDir to the kubelet's --root-dir (default /var/lib/kubelet)",
-	ReasonRegisterFailed:         "the kubelet refused the registration (the message has its error): read the kubelet's log on the node and check that no other plugin registers hami.io/gpu",
-	ReasonNoHealthyGPUs:          "every GPU is unhealthy: see the node's events for the XID, then reset the GPU or drain and reboot the node",
-	ReasonDriverNotFound:         "NVML did not load: install the NVIDIA driver and container toolkit on the node and run the plugin with the nvidia runtime",
-	vgpu.ReasonPluginStopped:     "the device plugin stopped: check that its DaemonSet schedules a pod on this node and that the pod is Running (lines below)",
-	vgpu.ReasonHeartbeatStale:    "the plugin stopped renewing its heartbeat Lease: it is dead or cannot reach the API server; see the plugin pod's state and log (lines below)",
-	vgpu.ReasonNoAllocatableGPUs: "the plugin says registered but the kubelet reports no allocatable hami.io/gpu: restart the plugin pod, and read the kubelet's log for the device manager's errors",
+	vgpu.ReasonKubeletSocketMissing: "the plugin watches a folder without the kubelet's kubelet.sock: set devicePlugin.kubeletRootDir to the kubelet's --root-dir (default /var/lib/kubelet)",
+	vgpu.ReasonRegisterFailed:       "the kubelet refused the registration (the message has its error): read the kubelet's log on the node and check that no other plugin registers hami.io/gpu",
+	vgpu.ReasonNoHealthyGPUs:        "every GPU is unhealthy: see the node's events for the XID, then reset the GPU or drain and reboot the node",
+	vgpu.ReasonDriverNotFound:       "NVML did not load: install the NVIDIA driver and container toolkit on the node and run the plugin with the nvidia runtime",
+	vgpu.ReasonPluginStopped:        "the device plugin stopped: check that its DaemonSet schedules a pod on this node and that the pod is Running (lines below)",
+	vgpu.ReasonHeartbeatStale:       "the plugin stopped renewing its heartbeat Lease: it is dead or cannot reach the API server; see the plugin pod's state and log (lines below)",
+	vgpu.ReasonNoAllocatableGPUs:    "the plugin says registered but the kubelet reports no allocatable hami.io/gpu: restart the plugin pod, and read the kubelet's log for the device manager's errors",
 }
 
 func checkCondition(n *corev1.Node) Check {
 	c := Check{Name: "condition"}
 	for _, cond := range n.Status.Conditions {
-		if cond.Type != ConditionRegistered {
+		if cond.Type != vgpu.ConditionRegistered {
 			continue
 		}
-		msg := fmt.Sprintf("%s=%s (%s): %s", ConditionRegistered, cond.Status, cond.Reason, cond.Message)
+		msg := fmt.Sprintf("%s=%s (%s): %s", vgpu.ConditionRegistered, cond.Status, cond.Reason, cond.Message)
 		switch cond.Status {
 		case corev1.ConditionTrue:
 			c.Result, c.Message = Pass, msg
@@ -143,7 +143,7 @@ func checkCondition(n *corev1.Node) Check {
 		}
 		return c
 	}
-	c.Result, c.Message = Warn, fmt.Sprintf("no %s condition on the node", ConditionRegistered)
+	c.Result, c.Message = Warn, fmt.Sprintf("no %s condition on the node", vgpu.ConditionRegistered)
 	c.Fix = "the device plugin here does not publish it (an older version, or it never ran); the lines below tell its state"
 	return c
 }
@@ -333,7 +333,7 @@ func (s *Snapshot) checkKubeletSocket(n *corev1.Node, hb heartbeatCheck, pod *co
 	c.Result = Fail
 	c.Message = "the device plugin runs but is not registered with the kubelet: kubelet.sock is missing from the device-plugin folder it watches, or the kubelet refused it"
 	for _, cond := range n.Status.Conditions {
-		if cond.Type == ConditionRegistered && cond.Status != corev1.ConditionTrue {
+		if cond.Type == vgpu.ConditionRegistered && cond.Status != corev1.ConditionTrue {
 			c.Message = fmt.Sprintf("the device plugin is not registered with the kubelet: %s: %s", cond.Reason, cond.Message)
 		}
 	}
