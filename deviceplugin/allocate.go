@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -40,8 +41,9 @@ const (
 	// lets the kubelet choose.
 	// The kubelet admits one pod at a time, so every wait here delays every
 	// pod behind it; the pod view lags the kubelet's own watch by
-	// milliseconds, not seconds.
-	preferWait = 300 * time.Millisecond
+	// milliseconds, and when it lags more the API server is asked, so the
+	// wait runs out only while the API server does not answer.
+	preferWait = time.Second
 )
 
 // timings are the hand-off's waits, fields so that tests can shorten them.
@@ -132,12 +134,14 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 	return resp, nil
 }
 
-// requireAllocation makes a mode-cdi Allocate refuse devices that no
-// container placed by the scheduler can own. Allocate carries no pod
-// identity, so it looks for a pending container (pendingContainers) whose
-// allocation has one slice per ID, on exactly the GPUs behind the IDs,
-// waiting for the pod view up to OwnerWait. A pod that bypassed the
-// scheduler (spec.nodeName set at creation) has no allocation: refusing
+// requireAllocation makes a mode-cdi Allocate refuse devices that the
+// container being admitted cannot own. Allocate carries no pod identity,
+// so it looks among the pending containers of the pods the kubelet lists
+// (admittedPending) for one whose allocation has one slice per ID, on
+// exactly the GPUs behind the IDs, waiting for the pod view up to
+// OwnerWait. A pod that bypassed the scheduler (spec.nodeName set at
+// creation) has no allocation, and a pod whose devices the kubelet chose
+// on other GPUs than its allocation's can never start with them: refusing
 // here makes the kubelet reject it at admission (phase Failed, with this
 // message) and free its devices, instead of holding them while every start
 // of the container is refused. The error is FailedPrecondition.
@@ -150,15 +154,23 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	if !a.waitSynced(ctx) {
 		return status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
 	}
-	held := a.heldDevices(ctx)
+	held, listed := a.kubeletPods(ctx)
+	var admitted []pendingContainer
 	if _, ok := a.waitPending(ctx, func() (pendingContainer, bool) {
-		for _, c := range a.pendingContainers(a.pods.Pods(), held) {
+		admitted, _ = a.admittedPending(ctx, held, listed)
+		for _, c := range admitted {
 			if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
 				return c, true
 			}
 		}
 		return pendingContainer{}, false
 	}); !ok {
+		if len(admitted) > 0 {
+			c := admitted[0]
+			return status.Errorf(codes.FailedPrecondition,
+				"the kubelet chose %s devices %v on GPUs %v, but container %s, which it admits, has its allocation of %d GPU slice(s) on %v: the container could never start with them; delete the pod so that it is created again",
+				a.cfg.ResourceName, ids, gpus, c.Ref, len(c.Alloc.GPUs), allocationGPUs(c.Alloc))
+		}
 		return status.Errorf(codes.FailedPrecondition,
 			"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
 				"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
@@ -167,15 +179,16 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	return nil
 }
 
-// heldDevices returns the device IDs each container holds in PodResources
-// (containerDevices), or nil when PodResources does not answer.
-func (a *allocator) heldDevices(ctx context.Context) map[containerRef][]string {
+// kubeletPods returns the device IDs each container holds in PodResources
+// (containerDevices) and the pods it lists (listedPods), or nil and nil
+// when PodResources does not answer.
+func (a *allocator) kubeletPods(ctx context.Context) (map[containerRef][]string, map[types.NamespacedName]bool) {
 	pods, err := a.lister.List(ctx)
 	if err != nil {
 		a.logger.V(2).Info("Allocate: PodResources did not answer; matching without it", "err", err.Error())
-		return nil
+		return nil, nil
 	}
-	return containerDevices(pods, a.cfg.ResourceName)
+	return containerDevices(pods, a.cfg.ResourceName), listedPods(pods)
 }
 
 // waitPending calls match until it finds a container, again after every

@@ -38,7 +38,7 @@ func TestAllocate(t *testing.T) {
 		{name: "unknown GPU", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument, wantMsg: "names GPU GPU-gone, which this node does not advertise"},
 		{
 			name: "no allocation has that many slices on these GPUs", ids: [][]string{{DeviceID(gpuA, 0), DeviceID(gpuA, 1)}}, wantCode: codes.FailedPrecondition,
-			wantMsg: "no pod on node node-1 has a gpuslice allocation of 2 GPU(s) on [" + gpuA + "]",
+			wantMsg: "the kubelet chose hami.io/gpu devices [" + DeviceID(gpuA, 0) + " " + DeviceID(gpuA, 1) + "] on GPUs [" + gpuA + "], but container",
 		},
 	}
 	for _, tt := range tests {
@@ -89,5 +89,33 @@ func TestAllocateRefusesPodWithoutAllocation(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("allocate error %q does not contain %q", err, want)
 		}
+	}
+}
+
+// TestAllocateRefusesDevicesTheAdmittedPodCannotUse: the kubelet chose
+// devices on GPU A for the pod it admits, whose allocation is on GPU B;
+// another pod of the view that the kubelet does not list yet is on GPU A.
+// Taking that pod as the owner let the start be refused forever (found by
+// the chaos soak); Allocate refuses instead, so the kubelet rejects the pod
+// and frees the devices, with a message naming both GPUs.
+func TestAllocateRefusesDevicesTheAdmittedPodCannotUse(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	f := newHandoff(t, nil)
+	f.addViewPod(gpuPod("later", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.addPod(gpuPod("admitted", t0.Add(time.Minute), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	_, err := f.allocate(DeviceID(gpuA, 0))
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("allocate = %v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{"the kubelet chose", "default/admitted/main", gpuA, gpuB} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("allocate error %q does not contain %q", err, want)
+		}
+	}
+	// Once the kubelet lists it, the other pod's own Allocate succeeds.
+	f.podRes.forget("default", "admitted")
+	f.podRes.admit("default", "later")
+	if _, err := f.allocate(DeviceID(gpuA, 0)); err != nil {
+		t.Errorf("allocate for the listed pod on its GPU = %v", err)
 	}
 }

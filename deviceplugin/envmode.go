@@ -6,14 +6,16 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // allocateEnv answers Allocate in mode env with the container's
 // environment and mounts; device is cdiDeviceName(ids). Allocate carries no pod identity, so the
 // container is the one GetPreferredAllocation offered exactly these IDs
-// to, if it is still pending, else the oldest pending container whose
-// allocation is on exactly the GPUs behind the IDs. It waits for the pod
+// to, if it is still pending, else the first pending container of a pod
+// the kubelet lists whose allocation is on exactly the GPUs behind the
+// IDs. It waits for the pod
 // view up to the start budget, then fails (the kubelet rejects the pod).
 // The choice is checkpointed as a binding before the answer, so that
 // PreStartContainer can verify it on every start, across plugin restarts.
@@ -28,8 +30,8 @@ func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string, device 
 	}
 	// Bindings still rule out the containers allocated before when
 	// PodResources does not answer.
-	held := a.heldDevices(ctx)
-	c, ok := a.waitPending(ctx, func() (pendingContainer, bool) { return a.envMatch(device, ids, gpus, held) })
+	held, listed := a.kubeletPods(ctx)
+	c, ok := a.waitPending(ctx, func() (pendingContainer, bool) { return a.envMatch(ctx, device, ids, gpus, held, listed) })
 	if !ok {
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"no pending container on node %s was placed by the scheduler on GPUs %v (devices %v): mode env needs the pod's %d-GPU allocation on exactly these GPUs",
@@ -38,9 +40,10 @@ func (a *allocator) allocateEnv(ctx context.Context, ids, gpus []string, device 
 	return a.bindEnv(c, ids, device)
 }
 
-// envMatch picks the container for ids (see allocateEnv).
-func (a *allocator) envMatch(device string, ids, gpus []string, held map[containerRef][]string) (pendingContainer, bool) {
-	pending := a.pendingContainers(a.pods.Pods(), held)
+// envMatch picks the container for ids (see allocateEnv) among the
+// pending containers of the pods the kubelet lists (admittedPending).
+func (a *allocator) envMatch(ctx context.Context, device string, ids, gpus []string, held map[containerRef][]string, listed map[types.NamespacedName]bool) (pendingContainer, bool) {
+	pending, _ := a.admittedPending(ctx, held, listed)
 	if o, ok := a.claims.offered(device); ok {
 		for _, c := range pending {
 			if c.Ref == o.Ref && c.Pod.UID == o.PodUID && len(c.Alloc.GPUs) == len(ids) {

@@ -52,10 +52,10 @@ func TestEnvMode(t *testing.T) {
 		{
 			// Both pods want gpuB; without the offer Allocate would take the
 			// older one, a. The kubelet is admitting b (PodResources lists
-			// it), so GetPreferredAllocation offers b's container.
+			// it, not a), so GetPreferredAllocation offers b's container.
 			name: "offered, allocated and started for the same container",
 			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("b", time.Second, gpuB, 6000),
-				func(f *handoffFixture) { f.podRes.admit("default", "b") }},
+				func(f *handoffFixture) { f.podRes.forget("default", "a") }},
 			prefer: true,
 			ids:    []string{DeviceID(gpuB, 0)}, holder: "b", wantEnv: wantEnv("b", gpuB, "6000"),
 			wantEvent: "Normal " + ReasonEnforced + " container main: enforcement none: node node-1 has no enforcement mechanism",

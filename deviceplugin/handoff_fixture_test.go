@@ -220,8 +220,18 @@ func allocOf(b *vgputest.AllocationBuilder) *vgpu.PodAllocation {
 	return &a
 }
 
-// addPod creates pod and waits until the plugin's view shows it.
+// addPod creates pod, waits until the plugin's view shows it and lists it
+// in PodResources, as the kubelet does once it has the pod (addViewPod does
+// not).
 func (f *handoffFixture) addPod(pod *corev1.Pod) {
+	f.t.Helper()
+	f.addViewPod(pod)
+	f.podRes.admit(pod.Namespace, pod.Name)
+}
+
+// addViewPod creates pod and waits until the plugin's view shows it; the
+// kubelet does not list it yet.
+func (f *handoffFixture) addViewPod(pod *corev1.Pod) {
 	f.t.Helper()
 	if _, err := f.client.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		f.t.Fatal(err)

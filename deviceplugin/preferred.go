@@ -38,13 +38,12 @@ func (a *allocator) preferred(ctx context.Context, req *pluginapi.PreferredAlloc
 
 // preferOne steers the kubelet to devices on the GPUs the scheduler chose.
 // The request carries no pod identity, so it picks, among the pending
-// containers (pendingContainers), the oldest one (the kubelet admits pods
-// in creation order) that needs AllocationSize GPUs, was not offered
-// devices within ClaimTTL, has an available device on each of its GPUs
-// and covers the must-include IDs; it answers one device per chosen GPU,
-// the lowest free slice, and records the offer. The pod view may lag the
-// kubelet's own pod watch, so without a match it waits for pod changes up
-// to PreferWait before it falls back.
+// containers of the pods the kubelet lists (offerPending), the first one
+// that needs AllocationSize GPUs, has an available device on each of its
+// GPUs and covers the must-include IDs; it answers one device per chosen
+// GPU, the lowest free slice, and records the offer. The pod view may lag
+// the kubelet's own pod watch, so without an answer it waits for pod
+// changes up to PreferWait before it falls back.
 func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPreferredAllocationRequest) []string {
 	avail, must, size := creq.GetAvailableDeviceIDs(), creq.GetMustIncludeDeviceIDs(), int(creq.GetAllocationSize())
 	fallback := defaultPick(avail, must, size)
@@ -73,7 +72,7 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
 		}
-		if pick, ok := a.offerPending(waitCtx, containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); ok {
+		if pick, done := a.offerPending(waitCtx, containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); done {
 			return pick
 		}
 		select {
@@ -86,42 +85,31 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 }
 
 // offerPending finds the container preferOne steers for and records the
-// offer. Containers of pods the kubelet already lists (listed: it admits a
-// pod after adding it to its pod manager, which PodResources reads) come
-// first: the kubelet is admitting one of them, while an older pod it has
-// not seen yet cannot be the one asking. When the view shows no pending
-// container of a listed pod, the view lags the kubelet (its watch is being
-// re-established after an API server restart, say) and the pods are read
-// from the API server instead: guessing among the view's unlisted pods
-// would put the asking container's devices on another pod's GPUs, where
-// its own allocation can never start (found by the chaos soak).
-func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) ([]string, bool) {
+// offer; done means preferOne answers now with pick (the fallback when
+// nothing fits), false that it waits for the pod view to change. Only
+// containers of pods the kubelet lists can be asking (admittedPending), and
+// among them those not offered devices within ClaimTTL come first: a listed
+// container that holds no devices although it was offered some is not the
+// one being admitted (its container ran on before a kubelet restart that
+// lost its devices, say), while the pod being admitted was never offered
+// any.
+func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) (pick []string, done bool) {
 	now := a.clock.Now()
-	pending := a.pendingContainers(a.pods.Pods(), held)
-	if a.live != nil && !slices.ContainsFunc(pending, func(c pendingContainer) bool { return listed[c.Ref.pod()] }) {
-		if pods, err := a.livePods(ctx); err == nil {
-			pending = a.pendingContainers(pods, held)
-		} else {
-			a.logger.V(2).Info("GetPreferredAllocation: the pod view shows no pod the kubelet admits, and the API server did not answer", "err", err.Error())
-		}
-	}
+	pending, conclusive := a.admittedPending(ctx, held, listed)
 	slices.SortStableFunc(pending, func(x, y pendingContainer) int {
-		lx, ly := listed[x.Ref.pod()], listed[y.Ref.pod()]
+		ox := a.claims.recentlyOffered(x.Ref, x.Pod.UID, now.Add(-a.t.ClaimTTL))
+		oy := a.claims.recentlyOffered(y.Ref, y.Pod.UID, now.Add(-a.t.ClaimTTL))
 		switch {
-		case lx == ly:
+		case ox == oy:
 			return 0
-		case lx:
+		case oy:
 			return -1
 		default:
 			return 1
 		}
 	})
 	for _, c := range pending {
-		// An earlier offer to a container the kubelet lists but that holds no devices
-		// yet went to another container: the kubelet allocates right after asking,
-		// and admits one pod at a time. Only unlisted pods stay skipped after an offer.
-		isListed := listed[c.Ref.pod()]
-		if len(c.Alloc.GPUs) != size || (!isListed && a.claims.recentlyOffered(c.Ref, c.Pod.UID, now.Add(-a.t.ClaimTTL))) {
+		if len(c.Alloc.GPUs) != size {
 			continue
 		}
 		pick, ok := pickDevices(c.Alloc.GPUs, avail, must)
@@ -132,7 +120,46 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 		a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
 		return pick, true
 	}
+	if len(pending) > 0 || conclusive {
+		// The pod being admitted cannot get devices on its GPUs (or has no
+		// allocation): Allocate refuses whatever the kubelet picks, and the
+		// kubelet rejects the pod with that reason.
+		a.logger.V(2).Info("GetPreferredAllocation: no container the kubelet admits fits; the kubelet chooses", "size", size, "admitted", len(pending))
+		return defaultPick(avail, must, size), true
+	}
 	return nil, false
+}
+
+// admittedPending returns the pending containers (pendingContainers) of
+// the pods the kubelet lists. The kubelet adds a pod to the pods it lists
+// before it admits it and drops it from the list once rejected, so the
+// container that GetPreferredAllocation or Allocate is called for is among
+// them; a pod the kubelet does not list yet cannot be the one asking,
+// whatever its age (guessing one put the asking container's devices on
+// another pod's GPUs, where its own allocation could never start: found by
+// the chaos soak). When the view shows none, it lags the kubelet (its watch
+// is being re-established after an API server restart, say) and the pods
+// are read from the API server instead. conclusive reports that the answer
+// cannot change by waiting: the view or the API server showed a listed
+// pending container, or the API server, read now, showed none. A nil
+// listed (PodResources did not answer) falls back to every pending
+// container of the view, oldest first.
+func (a *allocator) admittedPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool) (pending []pendingContainer, conclusive bool) {
+	if listed == nil {
+		return a.pendingContainers(a.pods.Pods(), held), false
+	}
+	admitted := func(pods []*corev1.Pod) []pendingContainer {
+		return slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+	}
+	if pending = admitted(a.pods.Pods()); len(pending) > 0 || a.live == nil {
+		return pending, len(pending) > 0
+	}
+	pods, err := a.livePods(ctx)
+	if err != nil {
+		a.logger.V(2).Info("The pod view shows no pod the kubelet admits, and the API server did not answer", "err", err.Error())
+		return nil, false
+	}
+	return admitted(pods), true
 }
 
 // pendingContainers lists the containers of pods (the pods bound to this

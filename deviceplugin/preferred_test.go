@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -52,10 +55,12 @@ func TestGetPreferredAllocation(t *testing.T) {
 		name  string
 		pods  []*corev1.Pod
 		setup func(*handoffFixture)
-		avail []string
-		must  []string
-		size  int32
-		want  []string
+		// unlisted are pods of pods the kubelet does not list yet.
+		unlisted []string
+		avail    []string
+		must     []string
+		size     int32
+		want     []string
 	}{
 		{name: "oldest pending container of that size", pods: []*corev1.Pod{pair, mid, old}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)}},
 		{name: "lowest free slice", pods: []*corev1.Pod{old}, avail: devicesOf(DeviceID(gpuB, 0), DeviceID(gpuB, 1)), size: 1, want: []string{DeviceID(gpuB, 2)}},
@@ -100,7 +105,7 @@ func TestGetPreferredAllocation(t *testing.T) {
 			// re-established); the view shows only mid, which the kubelet does not list.
 			// Found by the chaos soak: guessing mid put old's devices on mid's GPU, where
 			// old's allocation could never start.
-			name: "the view lags the kubelet: the pod it admits is read from the API server", pods: []*corev1.Pod{mid}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
+			name: "the view lags the kubelet: the pod it admits is read from the API server", pods: []*corev1.Pod{mid}, unlisted: []string{"mid"}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
 			setup: func(f *handoffFixture) {
 				f.podRes.admit("default", "old")
 				f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(mid.DeepCopy(), old.DeepCopy())).NodePods("node-1"))
@@ -112,7 +117,11 @@ func TestGetPreferredAllocation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newHandoff(t, nil)
 			for _, p := range tt.pods {
-				f.addPod(p)
+				if slices.Contains(tt.unlisted, p.Name) {
+					f.addViewPod(p)
+				} else {
+					f.addPod(p)
+				}
 			}
 			if tt.setup != nil {
 				tt.setup(f)
@@ -126,7 +135,9 @@ func TestGetPreferredAllocation(t *testing.T) {
 }
 
 // TestPreferredOffersAreRemembered: asked twice for the same size, the
-// plugin steers the second call to the next pending container.
+// plugin steers the second call to the next pending container; a third
+// call, with both offered and neither holding devices, goes to the oldest
+// again.
 func TestPreferredOffersAreRemembered(t *testing.T) {
 	t0 := time.Now().Add(-time.Hour)
 	f := newHandoff(t, nil)
@@ -136,8 +147,7 @@ func TestPreferredOffersAreRemembered(t *testing.T) {
 	for range 3 {
 		got = append(got, f.prefer(devicesOf(), nil, 1)...)
 	}
-	// The third call finds no pending container left and falls back.
-	want := []string{DeviceID(gpuB, 0), DeviceID(gpuA, 0), DeviceID(gpuA, 0)}
+	want := []string{DeviceID(gpuB, 0), DeviceID(gpuA, 0), DeviceID(gpuB, 0)}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("three calls (-want +got):\n%s", diff)
 	}
@@ -153,9 +163,8 @@ func TestPreferredOffersAreRemembered(t *testing.T) {
 func TestPreferredFollowsTheKubeletsAdmission(t *testing.T) {
 	t0 := time.Now().Add(-time.Hour)
 	f := newHandoff(t, nil)
-	f.addPod(gpuPod("older", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.addViewPod(gpuPod("older", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
 	f.addPod(gpuPod("admitted", t0.Add(time.Second), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
-	f.podRes.admit("default", "admitted")
 	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
 		t.Errorf("with pod admitted listed: preferred %v, want %v (its GPU)", got, want)
 	}
@@ -184,5 +193,46 @@ func setAllocation(pod *corev1.Pod, b *vgputest.AllocationBuilder) {
 	}
 	for k, v := range with.Annotations {
 		pod.Annotations[k] = v
+	}
+}
+
+// unreachableAPIServer is a live pod lister whose API server does not
+// answer (it is restarting, say).
+func unreachableAPIServer() cache.ListerWithContext {
+	return &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, errors.New("connection refused")
+	}}
+}
+
+// TestPreferredNeverGuessesAPodTheKubeletDoesNotList: the kubelet lists
+// the pod it admits before asking, so an older pod of the view that it
+// does not list is not the one asking, even when neither the view nor the
+// API server shows the pod that is (found by the chaos soak: the guess put
+// the devices on the older pod's GPU, where the asking pod's allocation
+// could never start).
+func TestPreferredNeverGuessesAPodTheKubeletDoesNotList(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	f := newHandoff(t, nil)
+	f.addViewPod(gpuPod("older", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.podRes.admit("default", "asking") // not in the view yet
+	f.alloc.live = unreachableAPIServer()
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("preferred %v, want the kubelet's own order %v, not the unlisted pod's GPU", got, want)
+	}
+}
+
+// TestPreferredPutsListedOffersLast: a listed container that holds no
+// devices although it was offered some (it ran on before a kubelet restart
+// that lost its devices, say) is not the container being admitted; the
+// listed one never offered any is.
+func TestPreferredPutsListedOffersLast(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	f := newHandoff(t, nil)
+	stale := gpuPod("stale", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main")
+	f.addPod(stale)
+	f.addPod(gpuPod("asking", t0.Add(time.Minute), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.alloc.claims.offer(claim{Device: "vx", Ref: containerRef{"default", "stale", "main"}, PodUID: stale.UID, At: time.Now()})
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("preferred %v, want %v (the never-offered listed pod's GPU)", got, want)
 	}
 }
