@@ -10,7 +10,8 @@
 //   - exactness: every container the fake runtime created got its own pod's allocation (pod
 //     identity, GPUs and memory limits in its environment, as the runtime resolved the CDI
 //     devices), on the node of that allocation;
-//   - explained: no pod stays Pending for a minute without an event saying why;
+//   - explained: no pod stays Pending for a minute without an event saying why (a minute from
+//     its creation while unbound, from its binding once bound);
 //   - no leaked CDI spec: a plugin spec file that no live container uses is removed within the
 //     plugin's collection period.
 //

@@ -167,12 +167,13 @@ func (s *soak) checkRecord(node string, r fakecri.Record, p *corev1.Pod) {
 }
 
 // checkPending reports every pod Pending for over pendingGrace without an event that says why:
-// an unbound pod needs a FailedScheduling event, a bound one an event other than Scheduled
-// (the kubelet's or the device plugin's).
+// an unbound pod needs a FailedScheduling event within pendingGrace of its creation, a bound one
+// an event other than Scheduled (the kubelet's or the device plugin's) within pendingGrace of its
+// binding: Scheduled explains the wait until then.
 func (s *soak) checkPending(pods []corev1.Pod) {
 	now := time.Now()
 	for _, p := range pods {
-		if p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil || now.Sub(p.CreationTimestamp.Time) < pendingGrace {
+		if p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil || now.Sub(waitingSince(&p)) < pendingGrace {
 			continue
 		}
 		reasons := s.seen.eventReasons(p.UID)
@@ -182,10 +183,23 @@ func (s *soak) checkPending(pods []corev1.Pod) {
 		}
 		if !explained {
 			slices.Sort(reasons)
-			s.tally.violate(InvariantExplained, string(p.UID), fmt.Sprintf("pod %s (UID %s, node %q) Pending for %v with events %v and conditions %s",
-				p.Name, p.UID, p.Spec.NodeName, now.Sub(p.CreationTimestamp.Time).Round(time.Second), reasons, conditions(&p)))
+			s.tally.violate(InvariantExplained, string(p.UID), fmt.Sprintf("pod %s (UID %s, node %q) Pending for %v (%v since its last step) with events %v and conditions %s",
+				p.Name, p.UID, p.Spec.NodeName, now.Sub(p.CreationTimestamp.Time).Round(time.Second), now.Sub(waitingSince(&p)).Round(time.Second), reasons, conditions(&p)))
 		}
 	}
+}
+
+// waitingSince is when a Pending pod began waiting on its current step: its binding
+// (PodScheduled turning true) once bound, else its creation.
+func waitingSince(p *corev1.Pod) time.Time {
+	if p.Spec.NodeName != "" {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.IsZero() {
+				return c.LastTransitionTime.Time
+			}
+		}
+	}
+	return p.CreationTimestamp.Time
 }
 
 // conditions renders a pod's conditions in a few words.
