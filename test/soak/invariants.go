@@ -211,8 +211,9 @@ func conditions(p *corev1.Pod) string {
 	return "[" + strings.Join(parts, " ") + "]"
 }
 
-// checkCDISpecs reports every device plugin CDI spec older than cdiSpecLife that no container of
-// a pod that holds GPUs uses.
+// checkCDISpecs reports every device plugin CDI spec that no container of a pod holding GPUs has
+// used for over cdiSpecLife: the time counts from the first check that found it unused (or
+// from its writing, if later), not from its writing, since a spec lives as long as its pod.
 func (s *soak) checkCDISpecs(holding []corev1.Pod) {
 	live := map[string]bool{}
 	uids := map[string]bool{}
@@ -232,32 +233,43 @@ func (s *soak) checkCDISpecs(holding []corev1.Pod) {
 			}
 		}
 	}
+	now := time.Now()
+	unused := map[string]time.Time{}
 	for _, n := range s.c.Nodes {
-		for path, detail := range leakedSpecs(n.CDISpecDir(), live, time.Now().Add(-cdiSpecLife)) {
-			s.tally.violate(InvariantCDILeak, path, fmt.Sprintf("node %s: %s", n.Name, detail))
+		for path, written := range unusedSpecs(n.CDISpecDir(), live) {
+			since, ok := s.specUnusedSince[path]
+			if !ok {
+				since = now
+			}
+			if written.After(since) {
+				since = written // written again since: used then
+			}
+			unused[path] = since
+			if now.Sub(since) > cdiSpecLife {
+				s.tally.violate(InvariantCDILeak, path, fmt.Sprintf("node %s: %s, written %v ago, used by no pod that holds GPUs for %v", n.Name, path,
+					now.Sub(written).Round(time.Second), now.Sub(since).Round(time.Second)))
+			}
 		}
 	}
+	s.specUnusedSince = unused
 }
 
-// leakedSpecs returns, by path, the plugin's spec files in dir written before cutoff whose
-// device is not in live, each with its age.
-func leakedSpecs(dir string, live map[string]bool, cutoff time.Time) map[string]string {
+// unusedSpecs returns, by path, when each of the plugin's spec files in dir whose device is not
+// in live was last written.
+func unusedSpecs(dir string, live map[string]bool) map[string]time.Time {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil
 	}
-	out := map[string]string{}
+	out := map[string]time.Time{}
 	for _, e := range entries {
 		device, ok := strings.CutPrefix(strings.TrimSuffix(e.Name(), ".json"), cdiSpecPrefix)
 		if !ok || live[device] {
 			continue
 		}
-		info, err := e.Info()
-		if err != nil || !info.ModTime().Before(cutoff) {
-			continue
+		if info, err := e.Info(); err == nil {
+			out[filepath.Join(dir, e.Name())] = info.ModTime()
 		}
-		path := filepath.Join(dir, e.Name())
-		out[path] = fmt.Sprintf("%s, written %v ago, used by no pod that holds GPUs", path, time.Since(info.ModTime()).Round(time.Second))
 	}
 	return out
 }

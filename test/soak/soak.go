@@ -72,6 +72,9 @@ type soak struct {
 	// rc is how far the CreateContainer records were checked; only the check loop, then
 	// settle, use it.
 	rc *recordCheck
+	// specUnusedSince is, by path, since when each CDI spec of the plugins has been found
+	// unused (checkCDISpecs); only the check loop, then settle, use it.
+	specUnusedSince map[string]time.Time
 	// mu guards the chaos loop's record of the GPUs that wait for a reset, by node and index.
 	mu         sync.Mutex
 	needsReset map[string]map[int]bool
