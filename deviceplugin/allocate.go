@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -139,12 +140,15 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 // so it looks among the pending containers of the pods the kubelet lists
 // (admittedPending) for one whose allocation has one slice per ID, on
 // exactly the GPUs behind the IDs, waiting for the pod view up to
-// OwnerWait. A pod that bypassed the scheduler (spec.nodeName set at
-// creation) has no allocation, and a pod whose devices the kubelet chose
-// on other GPUs than its allocation's can never start with them: refusing
-// here makes the kubelet reject it at admission (phase Failed, with this
-// message) and free its devices, instead of holding them while every start
-// of the container is refused. The error is FailedPrecondition.
+// OwnerWait; when the view shows listed containers but none fits, the API
+// server's pods decide at once. A pod that bypassed the scheduler
+// (spec.nodeName set at creation) has no allocation, and a pod whose
+// devices the kubelet chose on other GPUs than its allocation's (its own
+// GPU has no device left for it: unhealthy, say) can never start with
+// them: refusing here makes the kubelet reject it at admission (phase
+// Failed, with this message) and free its devices, instead of holding them
+// while every start of the container is refused. The error is
+// FailedPrecondition.
 func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) error {
 	if a.pods == nil {
 		return status.Error(codes.FailedPrecondition, errNoPodView.Error())
@@ -155,28 +159,60 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 		return status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
 	}
 	held, listed := a.kubeletPods(ctx)
+	fits := func(admitted []pendingContainer) bool {
+		return slices.ContainsFunc(admitted, func(c pendingContainer) bool {
+			return len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus)
+		})
+	}
 	var admitted []pendingContainer
-	if _, ok := a.waitPending(ctx, func() (pendingContainer, bool) {
+	for {
+		changed := a.pods.Changed()
 		admitted, _ = a.admittedPending(ctx, held, listed)
-		for _, c := range admitted {
-			if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
-				return c, true
+		if fits(admitted) {
+			return nil
+		}
+		if len(admitted) > 0 && listed != nil && a.live != nil {
+			// The view may still show an earlier pod of that name.
+			if pods, err := a.livePods(ctx); err == nil {
+				admitted = slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+				if fits(admitted) {
+					return nil
+				}
+				break
 			}
 		}
-		return pendingContainer{}, false
-	}); !ok {
-		if len(admitted) > 0 {
-			c := admitted[0]
-			return status.Errorf(codes.FailedPrecondition,
-				"the kubelet chose %s devices %v on GPUs %v, but container %s, which it admits, has its allocation of %d GPU slice(s) on %v: the container could never start with them; delete the pod so that it is created again",
-				a.cfg.ResourceName, ids, gpus, c.Ref, len(c.Alloc.GPUs), allocationGPUs(c.Alloc))
+		select {
+		case <-changed:
+			continue
+		case <-ctx.Done():
 		}
-		return status.Errorf(codes.FailedPrecondition,
-			"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
-				"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
-			a.cfg.NodeName, len(ids), gpus, ids, a.cfg.ResourceName, vgpu.AnnotationPodAllocation)
+		break
 	}
-	return nil
+	if len(admitted) > 0 {
+		c := admitted[0]
+		return status.Errorf(codes.FailedPrecondition,
+			"the kubelet chose %s devices %v on GPUs %v, but container %s, which it admits, has its allocation of %d GPU slice(s) on %v%s: the container could never start with them; delete the pod so that it is created again",
+			a.cfg.ResourceName, ids, gpus, c.Ref, len(c.Alloc.GPUs), allocationGPUs(c.Alloc), a.unhealthyNote(allocationGPUs(c.Alloc)))
+	}
+	return status.Errorf(codes.FailedPrecondition,
+		"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
+			"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
+		a.cfg.NodeName, len(ids), gpus, ids, a.cfg.ResourceName, vgpu.AnnotationPodAllocation)
+}
+
+// unhealthyNote names those of gpus that the node's inventory shows
+// unhealthy, as a clause for an error message; "" when none is.
+func (a *allocator) unhealthyNote(gpus []string) string {
+	var parts []string
+	for _, uuid := range gpus {
+		if g, ok := a.inv.gpu(uuid); ok && g.Health != vgpu.Healthy {
+			parts = append(parts, uuid+" is "+strings.ToLower(string(g.Health)))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ", and " + strings.Join(parts, ", ")
 }
 
 // kubeletPods returns the device IDs each container holds in PodResources

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
@@ -117,5 +118,26 @@ func TestAllocateRefusesDevicesTheAdmittedPodCannotUse(t *testing.T) {
 	f.podRes.admit("default", "later")
 	if _, err := f.allocate(DeviceID(gpuA, 0)); err != nil {
 		t.Errorf("allocate for the listed pod on its GPU = %v", err)
+	}
+}
+
+// TestAllocateRefusesAtOnceWhenTheAdmittedPodsGPUIsUnhealthy: the pod the
+// kubelet admits was placed on GPU B, which went unhealthy since, so the
+// kubelet had no device there and chose one on GPU A. Waiting cannot help
+// once the API server confirms the pod: Allocate refuses at once, saying
+// that B is unhealthy.
+func TestAllocateRefusesAtOnceWhenTheAdmittedPodsGPUIsUnhealthy(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.alloc.t.OwnerWait = time.Hour
+	f.addPod(gpuPod("admitted", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.alloc.inv.setHealth(vgpu.HealthEvent{UUID: gpuB, Health: vgpu.Unhealthy, Reason: "XID 79"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := f.alloc.allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{DeviceID(gpuA, 0)}}}})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("allocate = %v, want FailedPrecondition at once", err)
+	}
+	if want := gpuB + " is unhealthy"; !strings.Contains(err.Error(), want) {
+		t.Errorf("allocate error %q does not contain %q", err, want)
 	}
 }
