@@ -17,8 +17,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/internal/metricstest"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )

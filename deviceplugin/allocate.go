@@ -15,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -84,11 +85,11 @@ type allocator struct {
 	// metrics counts Allocate and PreStartContainer results; nil counts
 	// nothing.
 	metrics *pluginMetrics
-	// enforcement is the node's mechanism (chooseEnforcement); empty acts
+	// enforcement is the node's mechanism (handoff.ChooseEnforcement); empty acts
 	// as none.
 	enforcement vgpu.Enforcement
 	// nvidiaCDI is the NVIDIA toolkit's CDI device of each GPU, by UUID
-	// (nvidiaCDIDevices); used with the driver mechanism.
+	// (handoff.NVIDIACDIDevices); used with the driver mechanism.
 	nvidiaCDI map[string]string
 }
 
@@ -114,7 +115,7 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 		if err != nil {
 			return nil, err
 		}
-		device := cdiDeviceName(ids)
+		device := handoff.DeviceName(ids)
 		var cresp *pluginapi.ContainerAllocateResponse
 		if a.cfg.Mode == ModeEnv {
 			if cresp, err = a.allocateEnv(ctx, ids, gpus, device); err != nil {
@@ -124,7 +125,7 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 			if err := a.requireAllocation(ctx, ids, gpus); err != nil {
 				return nil, err
 			}
-			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: CDIQualifiedName(device)}}}
+			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(device)}}}
 			for _, name := range a.nvidiaDevicesFor(gpus) {
 				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: name})
 			}

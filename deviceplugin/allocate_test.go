@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -23,7 +24,7 @@ func TestAllocate(t *testing.T) {
 	f.addPod(gpuPod("on-both", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main"))
 	// Created with spec.nodeName set: no scheduler, no allocation.
 	f.addPod(gpuPod("bypass", t0, nil, "main"))
-	name := func(ids ...string) string { return CDIQualifiedName(cdiDeviceName(ids)) }
+	name := func(ids ...string) string { return handoff.CDIQualifiedName(handoff.DeviceName(ids)) }
 	tests := []struct {
 		name     string
 		ids      [][]string

@@ -11,30 +11,31 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
 func TestCDIDeviceName(t *testing.T) {
 	a, b := DeviceID(gpuA, 0), DeviceID(gpuB, 4)
-	name := cdiDeviceName([]string{a, b})
+	name := handoff.DeviceName([]string{a, b})
 	if err := parser.ValidateDeviceName(name); err != nil {
-		t.Errorf("cdiDeviceName = %q, not a valid CDI device name: %v", name, err)
+		t.Errorf("handoff.DeviceName = %q, not a valid CDI device name: %v", name, err)
 	}
-	if len(name) != 1+cdiNameHexLen || !strings.HasPrefix(name, "v") {
-		t.Errorf("cdiDeviceName = %q, want v + %d hex digits", name, cdiNameHexLen)
+	if len(name) != 1+handoff.NameHexLen || !strings.HasPrefix(name, "v") {
+		t.Errorf("handoff.DeviceName = %q, want v + %d hex digits", name, handoff.NameHexLen)
 	}
-	if got := cdiDeviceName([]string{b, a, b}); got != name {
+	if got := handoff.DeviceName([]string{b, a, b}); got != name {
 		t.Errorf("order or repeats changed the name: %q, want %q", got, name)
 	}
-	if got := cdiDeviceName([]string{a}); got == name {
+	if got := handoff.DeviceName([]string{a}); got == name {
 		t.Errorf("a different set got the same name %q", got)
 	}
-	if got, ok := cdiDeviceOfFile(cdiSpecFileName(name)); !ok || got != name {
-		t.Errorf("cdiDeviceOfFile(%q) = %q, %v; want %q, true", cdiSpecFileName(name), got, ok, name)
+	if got, ok := handoff.DeviceOfFile(handoff.SpecFileName(name)); !ok || got != name {
+		t.Errorf("handoff.DeviceOfFile(%q) = %q, %v; want %q, true", handoff.SpecFileName(name), got, ok, name)
 	}
 	for _, other := range []string{"nvidia.com-gpu.json", "gpuslice.io-vgpu_x.yaml", ".gpuslice-1.tmp", "gpuslice.io-vgpu_.json"} {
-		if _, ok := cdiDeviceOfFile(other); ok {
-			t.Errorf("cdiDeviceOfFile(%q) claimed a foreign file", other)
+		if _, ok := handoff.DeviceOfFile(other); ok {
+			t.Errorf("handoff.DeviceOfFile(%q) claimed a foreign file", other)
 		}
 	}
 }
@@ -123,7 +124,7 @@ func TestCDISpecContent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			qualified := CDIQualifiedName(cdiDeviceName(tt.ids))
+			qualified := handoff.CDIQualifiedName(handoff.DeviceName(tt.ids))
 			if got := cresp.GetCdiDevices(); len(got) != 1 || got[0].GetName() != qualified || len(cresp.GetEnvs()) != 0 {
 				t.Fatalf("Allocate = %v, want only CDI device %s", cresp, qualified)
 			}
@@ -132,8 +133,8 @@ func TestCDISpecContent(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			want := &cdispecs.Spec{Version: tt.wantVersion, Kind: CDIKind, Devices: []cdispecs.Device{{
-				Name:           cdiDeviceName(tt.ids),
+			want := &cdispecs.Spec{Version: tt.wantVersion, Kind: handoff.CDIKind, Devices: []cdispecs.Device{{
+				Name:           handoff.DeviceName(tt.ids),
 				ContainerEdits: cdispecs.ContainerEdits{Env: tt.wantEnv},
 			}}}
 			for _, n := range tt.wantNodes {
@@ -176,7 +177,7 @@ func TestCDISpecContent(t *testing.T) {
 func TestSpecRewrittenWhenDevicesMove(t *testing.T) {
 	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
 	ids := []string{DeviceID(gpuA, 2)}
-	qualified := CDIQualifiedName(cdiDeviceName(ids))
+	qualified := handoff.CDIQualifiedName(handoff.DeviceName(ids))
 	steps := []struct {
 		pod      string
 		memory   int64
@@ -200,33 +201,33 @@ func TestSpecRewrittenWhenDevicesMove(t *testing.T) {
 			t.Fatalf("pod %s: %v", s.pod, err)
 		}
 		env := f.inject(qualified).Process.Env
-		got := []string{envValue(env, EnvPod), envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}
+		got := []string{envValue(env, handoff.EnvPod), envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}
 		if diff := cmp.Diff([]string{s.wantPod, s.wantUID, s.wantHeld}, got); diff != "" {
 			t.Errorf("after pod %s started: pod, UID, memory limit (-want +got):\n%s", s.pod, diff)
 		}
 	}
-	if diff := cmp.Diff([]string{cdiSpecFileName(cdiDeviceName(ids))}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+	if diff := cmp.Diff([]string{handoff.SpecFileName(handoff.DeviceName(ids))}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
 		t.Errorf("spec folder: one spec, no temporary files (-want +got):\n%s", diff)
 	}
 }
 
 func TestWriteCDISpecRejectsInvalid(t *testing.T) {
 	dir := t.TempDir()
-	spec, err := buildCDISpec("vabc", containerEdits{Env: []envVar{{Name: "A", Value: "1"}}})
+	spec, err := handoff.BuildSpec("vabc", handoff.Edits{Env: []handoff.EnvVar{{Name: "A", Value: "1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec.Kind = "not a kind"
-	if err := writeCDISpec(dir, spec); err == nil {
-		t.Fatal("writeCDISpec accepted a spec with an invalid kind")
+	if err := handoff.WriteSpec(dir, spec); err == nil {
+		t.Fatal("handoff.WriteSpec accepted a spec with an invalid kind")
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("a rejected spec left %d files behind", len(entries))
 	}
-	if _, err := buildCDISpec("bad name!", containerEdits{}); err == nil {
-		t.Error("buildCDISpec accepted an invalid device name")
+	if _, err := handoff.BuildSpec("bad name!", handoff.Edits{}); err == nil {
+		t.Error("handoff.BuildSpec accepted an invalid device name")
 	}
-	if _, err := os.Stat(filepath.Join(dir, cdiSpecFileName("vabc"))); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, handoff.SpecFileName("vabc"))); err == nil {
 		t.Error("the invalid spec was written")
 	}
 }

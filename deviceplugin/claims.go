@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/node/handoff"
 )
 
 // checkpointFileName is the env-mode checkpoint in the state folder.
@@ -27,7 +29,7 @@ const (
 // (checkpointed): the container whose environment it answered with, which
 // PreStartContainer verifies on every start.
 type claim struct {
-	// Device is the CDI device name of DeviceIDs (cdiDeviceName), the key.
+	// Device is the CDI device name of DeviceIDs (handoff.DeviceName), the key.
 	Device    string       `json:"device"`
 	DeviceIDs []string     `json:"deviceIDs"`
 	Ref       containerRef `json:"container"`
@@ -77,7 +79,7 @@ func loadClaimStore(path string) (*claimStore, error) {
 		return s, fmt.Errorf("checkpoint %s has version %d, want %d", path, cp.Version, checkpointVersion)
 	}
 	for i, c := range cp.Bindings {
-		if c.Device == "" || c.Device != cdiDeviceName(c.DeviceIDs) {
+		if c.Device == "" || c.Device != handoff.DeviceName(c.DeviceIDs) {
 			return newClaimStore(path), fmt.Errorf("checkpoint %s: bindings[%d].device=%q does not match its deviceIDs %v", path, i, c.Device, c.DeviceIDs)
 		}
 		s.bindings[c.Device] = c
@@ -172,5 +174,5 @@ func (s *claimStore) saveLocked() error {
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
-	return writeFileAtomic(filepath.Dir(s.path), filepath.Base(s.path), data, 0o600, nil)
+	return handoff.WriteFileAtomic(filepath.Dir(s.path), filepath.Base(s.path), data, 0o600, nil)
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -171,10 +172,10 @@ func DefaultConfig() Config {
 		CDISpecDir:         DefaultCDISpecDir,
 		PodResourcesSocket: DefaultPodResourcesSocket,
 		SharedCacheDir:     DefaultSharedCacheDir,
-		Enforcement:        EnforcementAuto,
-		NVIDIACDISpecs:     DefaultNVIDIACDISpecs(),
-		MPSControl:         DefaultMPSControl,
-		MPSDir:             DefaultMPSDir,
+		Enforcement:        handoff.EnforcementAuto,
+		NVIDIACDISpecs:     handoff.DefaultNVIDIACDISpecs(),
+		MPSControl:         handoff.DefaultMPSControl,
+		MPSDir:             handoff.DefaultMPSDir,
 		ProcDir:            DefaultProcDir,
 	}
 }
@@ -231,14 +232,14 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("podResourcesSocket", c.PodResourcesSocket, "must be a clean absolute path (the kubelet uses "+DefaultPodResourcesSocket+")")
 	case c.HostLibVGPU != "" && !cleanAbs(c.HostLibVGPU):
 		return vgpu.InvalidField("hostLibVGPU", c.HostLibVGPU, "must be empty or the clean absolute host path of HAMi-core's libvgpu.so")
-	case !validEnforcement(c.Enforcement):
+	case !handoff.ValidEnforcement(c.Enforcement):
 		return vgpu.InvalidField("enforcement", c.Enforcement, "must be auto (the strongest the node has, the default) or one of "+vgpu.EnforcementList())
 	case c.Enforcement == string(vgpu.EnforcementHAMiCore) && c.HostLibVGPU == "":
 		return vgpu.InvalidField("enforcement", c.Enforcement, "needs hostLibVGPU, the host path of HAMi-core's libvgpu.so")
 	case c.Enforcement == string(vgpu.EnforcementMPS) && c.MPSControl == "":
 		return vgpu.InvalidField("enforcement", c.Enforcement, "needs mpsControl, the nvidia-cuda-mps-control binary")
 	case !cleanAbs(c.MPSDir):
-		return vgpu.InvalidField("mpsDir", c.MPSDir, "must be a clean absolute path, the same on the host and in containers (default "+DefaultMPSDir+")")
+		return vgpu.InvalidField("mpsDir", c.MPSDir, "must be a clean absolute path, the same on the host and in containers (default "+handoff.DefaultMPSDir+")")
 	case !cleanAbs(c.SharedCacheDir):
 		return vgpu.InvalidField("sharedCacheDir", c.SharedCacheDir, "must be a clean absolute path inside the container (default "+DefaultSharedCacheDir+")")
 	case c.StateDir != "" && !cleanAbs(c.StateDir):

@@ -15,19 +15,20 @@ import (
 	"k8s.io/utils/clock"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
 func TestChooseEnforcement(t *testing.T) {
-	driver := NodeFacts{DriverVersion: "615.20.01", CgroupVersion: 2}
-	mps := NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
-	all := NodeFacts{DriverVersion: "620.1", CgroupVersion: 2, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
+	driver := handoff.NodeFacts{DriverVersion: "615.20.01", CgroupVersion: 2}
+	mps := handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
+	all := handoff.NodeFacts{DriverVersion: "620.1", CgroupVersion: 2, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
 	lib := func(c *Config) { c.HostLibVGPU = "/opt/hami/libvgpu.so" }
 	tests := []struct {
 		name          string
 		mutate        func(*Config)
-		facts         NodeFacts
+		facts         handoff.NodeFacts
 		wantQualified []vgpu.Enforcement
 		want          vgpu.Enforcement
 		wantForcedOK  bool
@@ -36,9 +37,9 @@ func TestChooseEnforcement(t *testing.T) {
 		{name: "nothing", want: vgpu.EnforcementNone, wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "R615 on cgroup v2", facts: driver, want: vgpu.EnforcementDriver,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}, wantForcedOK: true},
-		{name: "R615 on cgroup v1 does not qualify", facts: NodeFacts{DriverVersion: "615.20", CgroupVersion: 1}, want: vgpu.EnforcementNone,
+		{name: "R615 on cgroup v1 does not qualify", facts: handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 1}, want: vgpu.EnforcementNone,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
-		{name: "an older driver on cgroup v2 does not qualify", facts: NodeFacts{DriverVersion: "580.95.05", CgroupVersion: 2}, want: vgpu.EnforcementNone,
+		{name: "an older driver on cgroup v2 does not qualify", facts: handoff.NodeFacts{DriverVersion: "580.95.05", CgroupVersion: 2}, want: vgpu.EnforcementNone,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "libvgpu configured", mutate: lib, want: vgpu.EnforcementHAMiCore,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementHAMiCore, vgpu.EnforcementNone}, wantForcedOK: true},
@@ -53,7 +54,7 @@ func TestChooseEnforcement(t *testing.T) {
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementMPS, vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "forced driver on a node that does not qualify", mutate: func(c *Config) { c.Enforcement = "driver" }, facts: mps, want: vgpu.EnforcementDriver,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementMPS, vgpu.EnforcementNone}},
-		{name: "forced mps without the binary", mutate: func(c *Config) { c.Enforcement = "mps" }, facts: driver, wantErr: errMPSUnavailable,
+		{name: "forced mps without the binary", mutate: func(c *Config) { c.Enforcement = "mps" }, facts: driver, wantErr: handoff.ErrMPSUnavailable,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}},
 	}
 	for _, tt := range tests {
@@ -65,15 +66,15 @@ func TestChooseEnforcement(t *testing.T) {
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tt.wantQualified, QualifiedEnforcements(cfg, tt.facts)); diff != "" {
+			if diff := cmp.Diff(tt.wantQualified, handoff.QualifiedEnforcements(cfg.EnforcementConfig(), tt.facts)); diff != "" {
 				t.Errorf("QualifiedEnforcements (-want +got):\n%s", diff)
 			}
-			got, qualified, err := chooseEnforcement(cfg, tt.facts)
+			got, qualified, err := handoff.ChooseEnforcement(cfg.EnforcementConfig(), tt.facts)
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("chooseEnforcement() error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("handoff.ChooseEnforcement() error = %v, want %v", err, tt.wantErr)
 			}
 			if got != tt.want || qualified != tt.wantForcedOK {
-				t.Errorf("chooseEnforcement() = %q, qualified %v; want %q, %v", got, qualified, tt.want, tt.wantForcedOK)
+				t.Errorf("handoff.ChooseEnforcement() = %q, qualified %v; want %q, %v", got, qualified, tt.want, tt.wantForcedOK)
 			}
 		})
 	}
@@ -85,16 +86,16 @@ func TestCgroupVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for root, want := range map[string]int{v2: 2, t.TempDir(): 1, filepath.Join(t.TempDir(), "missing"): 0} {
-		if got := CgroupVersion(root); got != want {
+		if got := handoff.CgroupVersion(root); got != want {
 			t.Errorf("CgroupVersion(%s) = %d, want %d", root, got, want)
 		}
 	}
 	bin := writeScript(t, "nvidia-cuda-mps-control", "exit 0")
-	f := DetectNodeFacts("615.1", v2, bin)
-	if diff := cmp.Diff(NodeFacts{DriverVersion: "615.1", CgroupVersion: 2, MPSControl: bin}, f); diff != "" {
+	f := handoff.DetectNodeFacts("615.1", v2, bin)
+	if diff := cmp.Diff(handoff.NodeFacts{DriverVersion: "615.1", CgroupVersion: 2, MPSControl: bin}, f); diff != "" {
 		t.Errorf("DetectNodeFacts (-want +got):\n%s", diff)
 	}
-	if f := DetectNodeFacts("", v2, filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")); f.MPSControl != "" {
+	if f := handoff.DetectNodeFacts("", v2, filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")); f.MPSControl != "" {
 		t.Errorf("DetectNodeFacts found MPS at %q, want none", f.MPSControl)
 	}
 }
@@ -112,12 +113,12 @@ func TestEnforcementBackends(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cdiDir, "nvidia.yaml"), readFile(t, nvidiaSpec), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	driver := NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}
-	mps := NodeFacts{MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
+	driver := handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}
+	mps := handoff.NodeFacts{MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
 	tests := []struct {
 		name   string
 		mutate func(*Config)
-		facts  NodeFacts
+		facts  handoff.NodeFacts
 		slice  *vgputest.AllocationBuilder
 		// wantEnv are the variables of the mechanism (others are checked
 		// by the CDI and env tests); wantNot must be absent.
@@ -128,40 +129,40 @@ func TestEnforcementBackends(t *testing.T) {
 		wantEvent   string
 	}{{
 		name: "driver", facts: driver, slice: vgputest.Allocation("node-1").Container("main").Slice(gpuB, 10240, 30),
-		wantEnv:     map[string]string{EnvGPUMemoryRequest: "10240", EnvGPUMemoryLimit: "10240", "NVIDIA_TOOLKIT_GPU": "1"},
-		wantNot:     []string{EnvMPSPipeDirectory},
+		wantEnv:     map[string]string{handoff.EnvGPUMemoryRequest: "10240", handoff.EnvGPUMemoryLimit: "10240", "NVIDIA_TOOLKIT_GPU": "1"},
+		wantNot:     []string{handoff.EnvMPSPipeDirectory},
 		wantDevices: []string{"nvidia.com/gpu=1"},
 		wantEvent:   "Normal GPUEnforcement container main: enforcement driver: the NVIDIA driver limits GPU memory to 10240 MiB per GPU",
 	}, {
 		name: "driver: one limit, the smallest slice, for two GPUs", facts: driver,
 		slice:       vgputest.Allocation("node-1").Container("main").Slice(gpuA, 8192, 0).Slice(gpuB, 4096, 0),
-		wantEnv:     map[string]string{EnvGPUMemoryRequest: "4096", EnvGPUMemoryLimit: "4096"},
+		wantEnv:     map[string]string{handoff.EnvGPUMemoryRequest: "4096", handoff.EnvGPUMemoryLimit: "4096"},
 		wantDevices: []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"},
 		wantEvent:   "Normal GPUEnforcement container main: enforcement driver: the NVIDIA driver limits GPU memory to 4096 MiB per GPU",
 	}, {
 		name: "hami-core", mutate: func(c *Config) { c.HostLibVGPU = "/opt/hami/libvgpu.so" },
 		slice:      vgputest.Allocation("node-1").Container("main").Slice(gpuA, 2048, 25),
-		wantEnv:    map[string]string{EnvMemoryLimitPrefix + "0": "2048m", EnvSMLimit: "25"},
-		wantNot:    []string{EnvGPUMemoryLimit, EnvMPSPipeDirectory},
-		wantMounts: []string{PreloadContainerPath, LibVGPUContainerPath},
+		wantEnv:    map[string]string{handoff.EnvMemoryLimitPrefix + "0": "2048m", handoff.EnvSMLimit: "25"},
+		wantNot:    []string{handoff.EnvGPUMemoryLimit, handoff.EnvMPSPipeDirectory},
+		wantMounts: []string{handoff.PreloadContainerPath, handoff.LibVGPUContainerPath},
 		wantEvent:  "Normal GPUEnforcement container main: enforcement hami-core: libvgpu.so limits GPU memory to 2048 MiB per GPU and compute to 25%",
 	}, {
 		name: "mps", facts: mps, slice: vgputest.Allocation("node-1").Container("main").Slice(gpuB, 6144, 40),
 		wantEnv: map[string]string{
-			EnvMPSPipeDirectory: "MPS/gpu1/pipe", EnvMPSPinnedMemoryLimit: "0=6144M", EnvMPSActiveThreadPercentage: "40",
+			handoff.EnvMPSPipeDirectory: "MPS/gpu1/pipe", handoff.EnvMPSPinnedMemoryLimit: "0=6144M", handoff.EnvMPSActiveThreadPercentage: "40",
 		},
-		wantNot:    []string{EnvGPUMemoryLimit},
-		wantMounts: []string{"MPS/gpu1/pipe", MPSShmContainerPath},
+		wantNot:    []string{handoff.EnvGPUMemoryLimit},
+		wantMounts: []string{"MPS/gpu1/pipe", handoff.MPSShmContainerPath},
 		wantEvent:  "Normal GPUEnforcement container main: enforcement mps: the MPS control daemon of GPU " + gpuB + " limits device memory to 6144 MiB and active threads to 40%",
 	}, {
 		name: "mps does not guard two GPUs", facts: mps,
 		slice:     vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0),
-		wantNot:   []string{EnvMPSPipeDirectory, EnvMPSPinnedMemoryLimit},
+		wantNot:   []string{handoff.EnvMPSPipeDirectory, handoff.EnvMPSPinnedMemoryLimit},
 		wantEvent: "Normal GPUEnforcement container main: enforcement none: node node-1 uses MPS, which serves containers on one GPU; this one has 2",
 	}, {
 		name: "none", slice: vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 10),
-		wantEnv:   map[string]string{EnvMemoryLimitPrefix + "0": "1024m"},
-		wantNot:   []string{EnvGPUMemoryLimit, EnvMPSPipeDirectory},
+		wantEnv:   map[string]string{handoff.EnvMemoryLimitPrefix + "0": "1024m"},
+		wantNot:   []string{handoff.EnvGPUMemoryLimit, handoff.EnvMPSPipeDirectory},
 		wantEvent: "Normal GPUEnforcement container main: enforcement none: node node-1 has no enforcement mechanism",
 	}}
 	for _, mode := range []Mode{ModeCDI, ModeEnv} {
@@ -190,7 +191,7 @@ func TestEnforcementBackends(t *testing.T) {
 				for _, d := range cresp.GetCdiDevices() {
 					devices = append(devices, d.GetName())
 				}
-				own := CDIQualifiedName(cdiDeviceName(ids))
+				own := handoff.CDIQualifiedName(handoff.DeviceName(ids))
 				wantDevices := tt.wantDevices
 				if mode == ModeCDI {
 					wantDevices = append([]string{own}, wantDevices...)
@@ -209,7 +210,7 @@ func TestEnforcementBackends(t *testing.T) {
 				}
 				for _, m := range cresp.GetMounts() {
 					mounts[m.GetContainerPath()] = true
-					if m.GetReadOnly() == (strings.HasPrefix(m.GetContainerPath(), f.cfg.MPSDir) || m.GetContainerPath() == MPSShmContainerPath) {
+					if m.GetReadOnly() == (strings.HasPrefix(m.GetContainerPath(), f.cfg.MPSDir) || m.GetContainerPath() == handoff.MPSShmContainerPath) {
 						t.Errorf("mount %s read-only %v, want only the MPS pipe folder writable", m.GetContainerPath(), m.GetReadOnly())
 					}
 				}
@@ -284,13 +285,13 @@ func TestNVIDIACDIDevices(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "nvidia-b.yaml"), []byte("not: [a spec"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := nvidiaCDIDevices([]string{filepath.Join(dir, "nvidia*.yaml"), filepath.Join(dir, "none*.json")}, handoffGPUs())
+	got, err := handoff.NVIDIACDIDevices([]string{filepath.Join(dir, "nvidia*.yaml"), filepath.Join(dir, "none*.json")}, handoffGPUs())
 	if err == nil || !strings.Contains(err.Error(), "nvidia-b.yaml") {
-		t.Errorf("nvidiaCDIDevices() error = %v, want one naming nvidia-b.yaml", err)
+		t.Errorf("handoff.NVIDIACDIDevices() error = %v, want one naming nvidia-b.yaml", err)
 	}
 	want := map[string]string{gpuA: "nvidia.com/gpu=" + gpuA, gpuB: "nvidia.com/gpu=1"}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("nvidiaCDIDevices (-want +got):\n%s", diff)
+		t.Errorf("handoff.NVIDIACDIDevices (-want +got):\n%s", diff)
 	}
 }
 
@@ -314,16 +315,16 @@ echo "$* $CUDA_VISIBLE_DEVICES $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY"
 [ "$(wc -l < "$CUDA_MPS_LOG_DIRECTORY/starts")" -ge 2 ] || exit 3
 exec sleep 600`)
 	dir := t.TempDir()
-	m := &mpsDaemons{binary: bin, dir: dir, gpus: handoffGPUs(), clock: clock.RealClock{}, restartInitial: 10 * time.Millisecond}
+	m := &handoff.MPSDaemons{Binary: bin, Dir: dir, GPUs: handoffGPUs(), Clock: clock.RealClock{}, RestartInitial: 10 * time.Millisecond}
 	_, tctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(tctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.run(ctx)
+		m.Run(ctx)
 	}()
 	for _, g := range handoffGPUs() {
-		pipe, logs := mpsPipeDir(dir, g.Index), mpsLogDir(dir, g.Index)
+		pipe, logs := handoff.MPSPipeDir(dir, g.Index), handoff.MPSLogDir(dir, g.Index)
 		want := strings.Join([]string{"-f", g.UUID, pipe, logs}, " ")
 		waitUntil(t, "two starts of the daemon of "+g.UUID, func() bool {
 			data, _ := os.ReadFile(filepath.Join(logs, "starts"))

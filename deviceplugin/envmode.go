@@ -11,7 +11,7 @@ import (
 )
 
 // allocateEnv answers Allocate in mode env with the container's
-// environment and mounts; device is cdiDeviceName(ids). Allocate carries no pod identity, so the
+// environment and mounts; device is handoff.DeviceName(ids). Allocate carries no pod identity, so the
 // container is the one GetPreferredAllocation offered exactly these IDs
 // to, if it is still pending, else the first pending container of a pod
 // the kubelet lists whose allocation is on exactly the GPUs behind the

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
@@ -21,14 +22,14 @@ func envMode(c *Config) { c.Mode = ModeEnv }
 // one slice of uuid.
 func wantEnv(name, uuid string, memoryMiB string) map[string]string {
 	return map[string]string{
-		EnvVisibleDevices:          uuid,
-		EnvMemoryLimitPrefix + "0": memoryMiB + "m",
-		EnvSMLimit:                 "20",
-		EnvSharedCache:             "/tmp/gpuslice/uid-" + name + "-main.cache",
-		EnvPod:                     "default/" + name,
-		EnvPodUID:                  "uid-" + name,
-		EnvContainer:               "main",
-		EnvAllocation:              `[{"uuid":"` + uuid + `","memoryMiB":` + memoryMiB + `,"coresPercent":20}]`,
+		handoff.EnvVisibleDevices:          uuid,
+		handoff.EnvMemoryLimitPrefix + "0": memoryMiB + "m",
+		handoff.EnvSMLimit:                 "20",
+		handoff.EnvSharedCache:             "/tmp/gpuslice/uid-" + name + "-main.cache",
+		handoff.EnvPod:                     "default/" + name,
+		handoff.EnvPodUID:                  "uid-" + name,
+		handoff.EnvContainer:               "main",
+		handoff.EnvAllocation:              `[{"uuid":"` + uuid + `","memoryMiB":` + memoryMiB + `,"coresPercent":20}]`,
 	}
 }
 
@@ -58,13 +59,13 @@ func TestEnvMode(t *testing.T) {
 				func(f *handoffFixture) { f.podRes.forget("default", "a") }},
 			prefer: true,
 			ids:    []string{DeviceID(gpuB, 0)}, holder: "b", wantEnv: wantEnv("b", gpuB, "6000"),
-			wantEvent: "Normal " + ReasonEnforced + " container main: enforcement none: node node-1 has no enforcement mechanism",
+			wantEvent: "Normal " + handoff.ReasonEnforced + " container main: enforcement none: node node-1 has no enforcement mechanism",
 		},
 		{
 			name:  "no offer: the pending container on those GPUs",
 			setup: []func(*handoffFixture){podOn("a", 0, gpuB, 3000), podOn("c", time.Second, gpuA, 5000)},
 			ids:   []string{DeviceID(gpuA, 7)}, holder: "c", wantEnv: wantEnv("c", gpuA, "5000"),
-			wantEvent: "Normal " + ReasonEnforced + " container main:",
+			wantEvent: "Normal " + handoff.ReasonEnforced + " container main:",
 		},
 		{
 			name:  "allocated to one pod, started for another",
@@ -134,8 +135,8 @@ func TestEnvModeLibVGPUMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []*pluginapi.Mount{
-		{ContainerPath: LibVGPUContainerPath, HostPath: "/opt/hami/libvgpu.so", ReadOnly: true},
-		{ContainerPath: PreloadContainerPath, HostPath: filepath.Join(f.cfg.EffectiveStateDir(), preloadFileName), ReadOnly: true},
+		{ContainerPath: handoff.LibVGPUContainerPath, HostPath: "/opt/hami/libvgpu.so", ReadOnly: true},
+		{ContainerPath: handoff.PreloadContainerPath, HostPath: filepath.Join(f.cfg.EffectiveStateDir(), handoff.PreloadFileName), ReadOnly: true},
 	}
 	var got, wantS []string
 	for _, m := range cresp.GetMounts() {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
+
+	"github.com/gpuslice/gpuslice/node/handoff"
 )
 
 // TestStaleSpecGC: specs of devices a container holds stay; specs of
@@ -18,16 +20,16 @@ import (
 func TestStaleSpecGC(t *testing.T) {
 	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB"; c.HostLibVGPU = "/opt/hami/libvgpu.so" })
 	dir := f.cfg.CDISpecDir
-	live, staleOld, staleYoung := cdiDeviceName([]string{DeviceID(gpuA, 0)}), cdiDeviceName([]string{DeviceID(gpuA, 1)}), cdiDeviceName([]string{DeviceID(gpuB, 1)})
+	live, staleOld, staleYoung := handoff.DeviceName([]string{DeviceID(gpuA, 0)}), handoff.DeviceName([]string{DeviceID(gpuA, 1)}), handoff.DeviceName([]string{DeviceID(gpuB, 1)})
 	f.podRes.hold("default", "p", "main", DeviceID(gpuA, 0))
 	old := time.Now().Add(-2 * time.Minute)
 	files := map[string]time.Time{
-		cdiSpecFileName(live):       old,
-		cdiSpecFileName(staleOld):   old,
-		cdiSpecFileName(staleYoung): time.Now(),
-		"nvidia.com-gpu.json":       old,
-		".gpuslice-123.tmp":         old,
-		".gpuslice-456.tmp":         time.Now(),
+		handoff.SpecFileName(live):       old,
+		handoff.SpecFileName(staleOld):   old,
+		handoff.SpecFileName(staleYoung): time.Now(),
+		"nvidia.com-gpu.json":            old,
+		".gpuslice-123.tmp":              old,
+		".gpuslice-456.tmp":              time.Now(),
 	}
 	for name, mtime := range files {
 		path := filepath.Join(dir, name)
@@ -41,18 +43,18 @@ func TestStaleSpecGC(t *testing.T) {
 
 	f.alloc.gc(context.Background())
 	got := readDirNames(t, dir)
-	want := []string{".gpuslice-456.tmp", cdiSpecFileName(live), cdiSpecFileName(staleYoung), "nvidia.com-gpu.json"}
+	want := []string{".gpuslice-456.tmp", handoff.SpecFileName(live), handoff.SpecFileName(staleYoung), "nvidia.com-gpu.json"}
 	slices.Sort(want)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("spec folder after GC (-want +got):\n%s", diff)
 	}
-	preload, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), preloadFileName))
-	if err != nil || string(preload) != LibVGPUContainerPath+"\n" {
-		t.Errorf("ld.so.preload = %q, %v; want %q", preload, err, LibVGPUContainerPath+"\n")
+	preload, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), handoff.PreloadFileName))
+	if err != nil || string(preload) != handoff.LibVGPUContainerPath+"\n" {
+		t.Errorf("ld.so.preload = %q, %v; want %q", preload, err, handoff.LibVGPUContainerPath+"\n")
 	}
 
 	// Without a PodResources answer nothing is removed.
-	if err := os.Chtimes(filepath.Join(dir, cdiSpecFileName(staleYoung)), old, old); err != nil {
+	if err := os.Chtimes(filepath.Join(dir, handoff.SpecFileName(staleYoung)), old, old); err != nil {
 		t.Fatal(err)
 	}
 	f.podRes.fail(codes.Unavailable)
@@ -68,7 +70,7 @@ func TestClaimGC(t *testing.T) {
 	now := time.Now()
 	ref := containerRef{Namespace: "default", Pod: "p", Container: "main"}
 	mk := func(id string, at time.Time) claim {
-		return claim{Device: cdiDeviceName([]string{id}), DeviceIDs: []string{id}, Ref: ref, PodUID: "uid-p", At: at}
+		return claim{Device: handoff.DeviceName([]string{id}), DeviceIDs: []string{id}, Ref: ref, PodUID: "uid-p", At: at}
 	}
 	held, gone, young := mk(DeviceID(gpuA, 0), now.Add(-time.Hour)), mk(DeviceID(gpuA, 1), now.Add(-time.Hour)), mk(DeviceID(gpuA, 2), now)
 	for _, c := range []claim{held, gone, young} {

@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/node/handoff"
 )
 
 // eventComponent is the source of the plugin's events.
@@ -31,7 +33,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		return nil, nil, fmt.Errorf("state folder: %w", err)
 	}
 	if p.cfg.HostLibVGPU != "" {
-		if err := ensureFile(state, preloadFileName, preloadContent, 0o644); err != nil {
+		if err := handoff.EnsureFile(state, handoff.PreloadFileName, handoff.PreloadContent, 0o644); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -101,10 +103,10 @@ func (a *allocator) gc(ctx context.Context) {
 	}
 	live := map[string]bool{}
 	for _, ids := range containerDevices(pods, a.cfg.ResourceName) {
-		live[cdiDeviceName(ids)] = true
+		live[handoff.DeviceName(ids)] = true
 	}
 	cutoff := a.clock.Now().Add(-a.t.ClaimTTL)
-	removed, err := removeStaleCDISpecs(a.cfg.CDISpecDir, live, cutoff)
+	removed, err := handoff.RemoveStaleSpecs(a.cfg.CDISpecDir, live, cutoff)
 	if err != nil {
 		a.logger.Error(err, "Removing stale CDI specs")
 	}
@@ -116,11 +118,11 @@ func (a *allocator) gc(ctx context.Context) {
 	} else if dropped > 0 {
 		a.logger.V(2).Info("Dropped stale env-mode bindings", "count", dropped)
 	}
-	if err := removeStaleTemps(a.cfg.EffectiveStateDir(), cutoff); err != nil {
+	if err := handoff.RemoveStaleTemps(a.cfg.EffectiveStateDir(), cutoff); err != nil {
 		a.logger.Error(err, "Removing leftover temporary files")
 	}
 	if a.cfg.HostLibVGPU != "" {
-		if err := ensureFile(a.cfg.EffectiveStateDir(), preloadFileName, preloadContent, 0o644); err != nil {
+		if err := handoff.EnsureFile(a.cfg.EffectiveStateDir(), handoff.PreloadFileName, handoff.PreloadContent, 0o644); err != nil {
 			a.logger.Error(err, "Restoring the ld.so.preload file")
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -177,21 +178,21 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 		lister: f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
-	f.useFacts(NodeFacts{})
+	f.useFacts(handoff.NodeFacts{})
 	return f
 }
 
 // useFacts makes the allocator enforce what the plugin would pick on a
 // node with facts, as Run does: the mechanism and, for driver, the NVIDIA
 // CDI devices found through cfg.NVIDIACDISpecs.
-func (f *handoffFixture) useFacts(facts NodeFacts) {
+func (f *handoffFixture) useFacts(facts handoff.NodeFacts) {
 	f.t.Helper()
-	mech, _, err := chooseEnforcement(f.cfg, facts)
+	mech, _, err := handoff.ChooseEnforcement(f.cfg.EnforcementConfig(), facts)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	f.alloc.enforcement = mech
-	if f.alloc.nvidiaCDI, err = nvidiaCDIDevices(f.cfg.NVIDIACDISpecs, handoffGPUs()); err != nil {
+	if f.alloc.nvidiaCDI, err = handoff.NVIDIACDIDevices(f.cfg.NVIDIACDISpecs, handoffGPUs()); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -290,7 +291,7 @@ func (f *handoffFixture) event() string {
 // readSpec reads the spec file of the CDI device for ids.
 func (f *handoffFixture) readSpec(ids ...string) *cdispecs.Spec {
 	f.t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, cdiSpecFileName(cdiDeviceName(ids))))
+	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(handoff.DeviceName(ids))))
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuslice/gpuslice/internal/eventqueue"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -51,7 +52,7 @@ type Options struct {
 	// Facts are what the node offers for enforcement (DetectNodeFacts, or
 	// fake GPUs'); they decide Config.Enforcement "auto". The zero value
 	// offers nothing beyond Config.HostLibVGPU.
-	Facts NodeFacts
+	Facts handoff.NodeFacts
 }
 
 // eventQueueSize is how many events may wait to be written; more are
@@ -199,7 +200,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mech, qualified, err := chooseEnforcement(p.cfg, p.opts.Facts)
+	mech, qualified, err := handoff.ChooseEnforcement(p.cfg.EnforcementConfig(), p.opts.Facts)
 	if err != nil {
 		return err
 	}
@@ -207,7 +208,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	p.inv.Store(inv)
 	node, _, _ := inv.snapshot()
 	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "devices", len(node.GPUs)*p.cfg.SplitCount)
-	logger.Info("Enforcement", "mechanism", mech, "qualifies", QualifiedEnforcements(p.cfg, p.opts.Facts),
+	logger.Info("Enforcement", "mechanism", mech, "qualifies", handoff.QualifiedEnforcements(p.cfg.EnforcementConfig(), p.opts.Facts),
 		"driverVersion", p.opts.Facts.DriverVersion, "cgroupVersion", p.opts.Facts.CgroupVersion, "mpsControl", p.opts.Facts.MPSControl)
 	if !qualified {
 		logger.Info("Warning: the enforcement mechanism is forced on a node that does not qualify for it", "mechanism", mech)
@@ -250,7 +251,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	alloc.enforcement = mech
 	if mech == vgpu.EnforcementDriver {
-		found, err := nvidiaCDIDevices(p.cfg.NVIDIACDISpecs, node.GPUs)
+		found, err := handoff.NVIDIACDIDevices(p.cfg.NVIDIACDISpecs, node.GPUs)
 		if err != nil {
 			logger.Error(err, "Reading the NVIDIA CDI specs")
 		}
@@ -264,8 +265,8 @@ func (p *Plugin) Run(ctx context.Context) error {
 	})
 	wg.Go(func() { alloc.runGC(ctx) })
 	if mech == vgpu.EnforcementMPS {
-		mps := &mpsDaemons{binary: p.opts.Facts.MPSControl, dir: p.cfg.MPSDir, gpus: node.GPUs, clock: p.opts.Clock, restartInitial: mpsRestartInitial}
-		wg.Go(func() { mps.run(ctx) })
+		mps := &handoff.MPSDaemons{Binary: p.opts.Facts.MPSControl, Dir: p.cfg.MPSDir, GPUs: node.GPUs, Clock: p.opts.Clock, RestartInitial: handoff.MPSRestartInitial}
+		wg.Go(func() { mps.Run(ctx) })
 	}
 
 	var lastStale string

@@ -10,6 +10,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -116,7 +117,7 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 		if !ok {
 			continue
 		}
-		a.claims.offer(claim{Device: cdiDeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
+		a.claims.offer(claim{Device: handoff.DeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
 		a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
 		return pick, true
 	}

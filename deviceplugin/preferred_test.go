@@ -17,6 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
@@ -151,7 +152,7 @@ func TestPreferredOffersAreRemembered(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("three calls (-want +got):\n%s", diff)
 	}
-	if o, ok := f.alloc.claims.offered(cdiDeviceName([]string{DeviceID(gpuB, 0)})); !ok || o.Ref.Pod != "first" {
+	if o, ok := f.alloc.claims.offered(handoff.DeviceName([]string{DeviceID(gpuB, 0)})); !ok || o.Ref.Pod != "first" {
 		t.Errorf("offer for %s = %+v, %v; want pod first", DeviceID(gpuB, 0), o, ok)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -85,15 +86,15 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
 	}
-	name := cdiDeviceName(ids)
-	spec, err := buildCDISpec(name, edits)
+	name := handoff.DeviceName(ids)
+	spec, err := handoff.BuildSpec(name, edits)
 	if err == nil {
-		err = writeCDISpec(a.cfg.CDISpecDir, spec)
+		err = handoff.WriteSpec(a.cfg.CDISpecDir, spec)
 	}
 	if err != nil {
-		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", CDIQualifiedName(name), err)
+		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
 	}
-	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", CDIQualifiedName(name), "devices", ids, "enforcement", a.enforcement, "guarded", edits.Guarded)
+	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "enforcement", a.enforcement, "guarded", edits.Guarded)
 	a.reportEnforcement(ref, pod, ca)
 	return nil
 }
@@ -219,7 +220,7 @@ func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
 // environment of ref, the container now starting with them.
 func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
 	pod, _ := a.pods.Pod(ref.Namespace, ref.Pod)
-	b, ok := a.claims.binding(cdiDeviceName(ids))
+	b, ok := a.claims.binding(handoff.DeviceName(ids))
 	if !ok {
 		return refuse(ReasonAllocationMismatch, ref, pod,
 			"devices %v were not allocated by this plugin but started for %s (checkpoint lost?): delete the pod so that it is created again", ids, ref)

@@ -20,6 +20,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -153,8 +154,8 @@ func TestPreStartRetriesPodResources(t *testing.T) {
 			if got := f.podRes.callCount(); got != tt.wantCalls {
 				t.Errorf("PodResources calls = %d, want %d", got, tt.wantCalls)
 			}
-			if got := envValue(specEnv(f.readSpec(id)), EnvPod); got != "default/p" {
-				t.Errorf("spec %s = %q, want default/p", EnvPod, got)
+			if got := envValue(specEnv(f.readSpec(id)), handoff.EnvPod); got != "default/p" {
+				t.Errorf("spec %s = %q, want default/p", handoff.EnvPod, got)
 			}
 		})
 	}
@@ -177,8 +178,8 @@ func TestPreStartWaitsForTheView(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := envValue(specEnv(f.readSpec(id)), EnvPod); got != "default/late" {
-		t.Errorf("spec %s = %q, want default/late", EnvPod, got)
+	if got := envValue(specEnv(f.readSpec(id)), handoff.EnvPod); got != "default/late" {
+		t.Errorf("spec %s = %q, want default/late", handoff.EnvPod, got)
 	}
 }
 
@@ -217,7 +218,7 @@ func TestPreStartRefusesStalePodOfTheSameName(t *testing.T) {
 		t.Fatalf("preStart once the view shows the new pod: %v", err)
 	}
 	env := specEnv(f.readSpec(id))
-	if got := []string{envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
 		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
 	}
 }
@@ -244,7 +245,7 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 		t.Fatalf("preStart with the new pod on the API server: %v", err)
 	}
 	env := specEnv(f.readSpec(id))
-	if got := []string{envValue(env, EnvPodUID), envValue(env, EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
 		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m], not the old pod's [uid-old 40960m]", got)
 	}
 

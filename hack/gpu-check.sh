@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh checks gpuslice on a machine with NVIDIA GPUs (make gpu-check):
 #   1. builds the product module with -tags nvml (go vet of the nvml-tagged code too);
-#   2. runs the NVML tests against the real GPU(s) (deviceplugin/nvidia, -tags nvml);
+#   2. runs the NVML tests against the real GPU(s) (node/nvidia, -tags nvml);
 #   3. starts the device plugin on real NVML against the kubelet's real device manager,
 #      in-process (test/gpucheck), and prints a report: GPUs (UUID, model, memory), driver
 #      version, the XID event stream of each GPU, registration with the kubelet, and the
@@ -41,7 +41,7 @@ go vet -tags "${tags}" ./deviceplugin/... ./cmd/gpuslice-device-plugin/
 (cd test && go vet -tags "${tags}" ./gpucheck/)
 
 log "NVML tests on the real GPUs"
-go test -tags "${tags}" -count=1 -timeout 2m -run 'RealNVML' ./deviceplugin/nvidia/
+go test -tags "${tags}" -count=1 -timeout 2m -run 'RealNVML' ./node/nvidia/
 
 log "device plugin on real NVML against the kubelet device manager"
 report=$(mktemp)

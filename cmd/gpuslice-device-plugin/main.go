@@ -20,9 +20,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/internal/kubeclient"
+	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -214,18 +215,18 @@ const cgroupRoot = "/sys/fs/cgroup"
 // binary from cfg.MPSControl. Fake GPUs report their spec's facts instead
 // (the host's cgroup version unless the spec names one; MPS only when the
 // spec says mps, and then the configured binary must exist).
-func nodeFacts(cfg deviceplugin.Config, backend *nvidia.Backend) (deviceplugin.NodeFacts, error) {
+func nodeFacts(cfg deviceplugin.Config, backend *nvidia.Backend) (handoff.NodeFacts, error) {
 	driver, err := backend.DriverVersion()
 	if err != nil {
-		return deviceplugin.NodeFacts{}, err
+		return handoff.NodeFacts{}, err
 	}
-	facts := deviceplugin.DetectNodeFacts(driver, cgroupRoot, cfg.MPSControl)
+	facts := handoff.DetectNodeFacts(driver, cgroupRoot, cfg.MPSControl)
 	if cfg.FakeGPUs == "" {
 		return facts, nil
 	}
 	fake, err := nvidia.ParseFakeFacts(cfg.FakeGPUs)
 	if err != nil {
-		return deviceplugin.NodeFacts{}, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
+		return handoff.NodeFacts{}, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
 	}
 	if fake.CgroupVersion != 0 {
 		facts.CgroupVersion = fake.CgroupVersion
@@ -233,7 +234,7 @@ func nodeFacts(cfg deviceplugin.Config, backend *nvidia.Backend) (deviceplugin.N
 	if !fake.MPS {
 		facts.MPSControl = ""
 	} else if facts.MPSControl == "" {
-		return deviceplugin.NodeFacts{}, fmt.Errorf("fake GPUs %q report MPS, but the MPS control binary %q is not found", cfg.FakeGPUs, cfg.MPSControl)
+		return handoff.NodeFacts{}, fmt.Errorf("fake GPUs %q report MPS, but the MPS control binary %q is not found", cfg.FakeGPUs, cfg.MPSControl)
 	}
 	return facts, nil
 }

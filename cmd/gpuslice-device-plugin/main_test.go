@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -135,12 +136,12 @@ func TestNodeFactsOfFakeGPUs(t *testing.T) {
 	}
 	tests := []struct {
 		spec string
-		want deviceplugin.NodeFacts
+		want handoff.NodeFacts
 		mech vgpu.Enforcement
 	}{
-		{"2xA100-80GB;driver=615.20;cgroup=2", deviceplugin.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}, vgpu.EnforcementDriver},
-		{"1xT4-16GB;mps;cgroup=1", deviceplugin.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: mps}, vgpu.EnforcementMPS},
-		{"1xT4-16GB;cgroup=2", deviceplugin.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 2}, vgpu.EnforcementNone},
+		{"2xA100-80GB;driver=615.20;cgroup=2", handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}, vgpu.EnforcementDriver},
+		{"1xT4-16GB;mps;cgroup=1", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: mps}, vgpu.EnforcementMPS},
+		{"1xT4-16GB;cgroup=2", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 2}, vgpu.EnforcementNone},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestNodeFactsOfFakeGPUs(t *testing.T) {
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("nodeFacts (-want +got):\n%s", diff)
 			}
-			if q := deviceplugin.QualifiedEnforcements(cfg, got); q[0] != tt.mech {
+			if q := handoff.QualifiedEnforcements(cfg.EnforcementConfig(), got); q[0] != tt.mech {
 				t.Errorf("QualifiedEnforcements = %v, want %s first", q, tt.mech)
 			}
 		})

@@ -17,8 +17,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
 	"github.com/gpuslice/gpuslice/extender"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/webhook"
 )
 

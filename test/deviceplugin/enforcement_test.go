@@ -11,6 +11,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
@@ -48,7 +49,7 @@ func TestEnforcementDriverOnTheKubelet(t *testing.T) {
 	for _, d := range opts.CDIDevices {
 		devices = append(devices, d.Name)
 	}
-	if len(devices) != 2 || !strings.HasPrefix(devices[0], deviceplugin.CDIKind+"=") || devices[1] != "nvidia.com/gpu=2" {
+	if len(devices) != 2 || !strings.HasPrefix(devices[0], handoff.CDIKind+"=") || devices[1] != "nvidia.com/gpu=2" {
 		t.Fatalf("CDI devices %v, want gpuslice's and nvidia.com/gpu=2", devices)
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(h.dir, "cdi"), toolkit), cdi.WithAutoRefresh(false))
@@ -59,10 +60,10 @@ func TestEnforcementDriverOnTheKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resolve %v: %v", devices, err)
 	}
-	for _, want := range []string{deviceplugin.EnvGPUMemoryRequest + "=6144", deviceplugin.EnvGPUMemoryLimit + "=6144", "NVIDIA_TOOLKIT_GPU=2", deviceplugin.EnvVisibleDevices + "=" + fakeGPU(2)} {
+	for _, want := range []string{handoff.EnvGPUMemoryRequest + "=6144", handoff.EnvGPUMemoryLimit + "=6144", "NVIDIA_TOOLKIT_GPU=2", handoff.EnvVisibleDevices + "=" + fakeGPU(2)} {
 		if !slices.Contains(env, want) {
 			t.Errorf("container env %v lacks %s", env, want)
 		}
 	}
-	h.waitEvent("a", corev1.EventTypeNormal, deviceplugin.ReasonEnforced, "enforcement driver: the NVIDIA driver limits GPU memory to 6144 MiB")
+	h.waitEvent("a", corev1.EventTypeNormal, handoff.ReasonEnforced, "enforcement driver: the NVIDIA driver limits GPU memory to 6144 MiB")
 }

@@ -22,7 +22,8 @@ import (
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
+	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -215,13 +216,13 @@ func TestHandoffCDI(t *testing.T) {
 
 	want := map[string]map[string]string{
 		"a": {
-			deviceplugin.EnvVisibleDevices: fakeGPU(1), deviceplugin.EnvMemoryLimitPrefix + "0": "10240m", deviceplugin.EnvSMLimit: "25",
-			deviceplugin.EnvPod: "default/a", deviceplugin.EnvPodUID: "uid-a", deviceplugin.EnvContainer: "main",
+			handoff.EnvVisibleDevices: fakeGPU(1), handoff.EnvMemoryLimitPrefix + "0": "10240m", handoff.EnvSMLimit: "25",
+			handoff.EnvPod: "default/a", handoff.EnvPodUID: "uid-a", handoff.EnvContainer: "main",
 		},
 		"b": {
-			deviceplugin.EnvVisibleDevices: fakeGPU(2) + "," + fakeGPU(0), deviceplugin.EnvMemoryLimitPrefix + "0": "8192m",
-			deviceplugin.EnvMemoryLimitPrefix + "1": "20480m", deviceplugin.EnvSMLimit: "50",
-			deviceplugin.EnvPod: "default/b", deviceplugin.EnvPodUID: "uid-b", deviceplugin.EnvContainer: "main",
+			handoff.EnvVisibleDevices: fakeGPU(2) + "," + fakeGPU(0), handoff.EnvMemoryLimitPrefix + "0": "8192m",
+			handoff.EnvMemoryLimitPrefix + "1": "20480m", handoff.EnvSMLimit: "50",
+			handoff.EnvPod: "default/b", handoff.EnvPodUID: "uid-b", handoff.EnvContainer: "main",
 		},
 	}
 	wantGPUs := map[string][]string{"a": {fakeGPU(1)}, "b": sorted(fakeGPU(2), fakeGPU(0))}
@@ -256,7 +257,7 @@ func TestHandoffCDI(t *testing.T) {
 	if env["cdiDevice"] != cdiNames["a"] {
 		t.Errorf("c got CDI device %s, a had %s: want the same device IDs", env["cdiDevice"], cdiNames["a"])
 	}
-	got := []string{env[deviceplugin.EnvPod], env[deviceplugin.EnvMemoryLimitPrefix+"0"], env[deviceplugin.EnvSMLimit]}
+	got := []string{env[handoff.EnvPod], env[handoff.EnvMemoryLimitPrefix+"0"], env[handoff.EnvSMLimit]}
 	if diff := cmp.Diff([]string{"default/c", "2048m", ""}, got); diff != "" {
 		t.Errorf("c's pod, memory limit, SM limit (-want +got):\n%s", diff)
 	}
@@ -275,7 +276,7 @@ func TestHandoffEnv(t *testing.T) {
 	if err := h.m.Allocate(a, &a.Spec.Containers[0]); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{deviceplugin.EnvVisibleDevices: fakeGPU(1), deviceplugin.EnvMemoryLimitPrefix + "0": "10240m", deviceplugin.EnvPod: "default/a"}
+	want := map[string]string{handoff.EnvVisibleDevices: fakeGPU(1), handoff.EnvMemoryLimitPrefix + "0": "10240m", handoff.EnvPod: "default/a"}
 	if diff := cmp.Diff(want, pick(h.startContainer(a, "main"), want)); diff != "" {
 		t.Errorf("a's env (-want +got):\n%s", diff)
 	}

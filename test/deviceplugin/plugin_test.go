@@ -13,7 +13,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
+	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -234,8 +235,8 @@ func TestPluginRestart(t *testing.T) {
 		t.Fatalf("kubelet Allocate: %v", err)
 	}
 	env := h.startContainer(pod, "main")
-	if got := env[deviceplugin.EnvVisibleDevices]; got != fakeGPU(2) {
-		t.Errorf("%s=%q, want the scheduler's GPU %s", deviceplugin.EnvVisibleDevices, got, fakeGPU(2))
+	if got := env[handoff.EnvVisibleDevices]; got != fakeGPU(2) {
+		t.Errorf("%s=%q, want the scheduler's GPU %s", handoff.EnvVisibleDevices, got, fakeGPU(2))
 	}
 }
 

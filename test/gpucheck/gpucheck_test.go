@@ -15,7 +15,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
-	"github.com/gpuslice/gpuslice/deviceplugin/nvidia"
+	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/test/harness/devicemanager"
 )
 
@@ -91,14 +92,14 @@ func TestGPUCheck(t *testing.T) {
 	}
 
 	cfg := deviceplugin.DefaultConfig()
-	facts := deviceplugin.DetectNodeFacts(driver, "/sys/fs/cgroup", cfg.MPSControl)
+	facts := handoff.DetectNodeFacts(driver, "/sys/fs/cgroup", cfg.MPSControl)
 	r.add("cgroup: v%d", facts.CgroupVersion)
 	mps := facts.MPSControl
 	if mps == "" {
 		mps = "not found"
 	}
 	r.add("MPS control: %s", mps)
-	r.add("enforcement the node qualifies for (strongest first): %v (hami-core needs hostLibVGPU, not set here)", deviceplugin.QualifiedEnforcements(cfg, facts))
+	r.add("enforcement the node qualifies for (strongest first): %v (hami-core needs hostLibVGPU, not set here)", handoff.QualifiedEnforcements(cfg.EnforcementConfig(), facts))
 
 	dir, err := os.MkdirTemp("", "gpucheck")
 	if err != nil {

@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"crypto/sha256"
@@ -18,30 +18,30 @@ import (
 )
 
 // The CDI names of the plugin. Every container gets one device of kind
-// CDIKind named after its device IDs (cdiDeviceName); its spec lives alone
+// CDIKind named after its device IDs (DeviceName); its spec lives alone
 // in CDISpecDir/gpuslice.io-vgpu_<name>.json.
 const (
 	cdiVendor = "gpuslice.io"
 	cdiClass  = "vgpu"
 	// CDIKind is the kind of every CDI spec the plugin writes.
 	CDIKind = cdiVendor + "/" + cdiClass
-	// cdiNameHexLen is how many hex digits of the SHA-256 of the device IDs
+	// NameHexLen is how many hex digits of the SHA-256 of the device IDs
 	// name a CDI device (80 bits: collisions among a node's few hundred
 	// device sets are out of reach).
-	cdiNameHexLen = 20
-	cdiSpecExt    = ".json"
+	NameHexLen = 20
+	cdiSpecExt = ".json"
 )
 
-// cdiDeviceName returns the CDI device name for a container's device IDs:
+// DeviceName returns the CDI device name for a container's device IDs:
 // "v" and 20 hex digits of the SHA-256 of the sorted IDs joined by ",". It
 // depends on the set only, never on order, so the kubelet's cached Allocate
 // answer and every later PreStartContainer agree on it.
-func cdiDeviceName(ids []string) string {
+func DeviceName(ids []string) string {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	sum := sha256.Sum256([]byte(strings.Join(sorted, ",")))
-	return "v" + hex.EncodeToString(sum[:])[:cdiNameHexLen]
+	return "v" + hex.EncodeToString(sum[:])[:NameHexLen]
 }
 
 // CDIQualifiedName returns the fully qualified CDI device name
@@ -50,14 +50,14 @@ func CDIQualifiedName(name string) string {
 	return parser.QualifiedName(cdiVendor, cdiClass, name)
 }
 
-// cdiSpecFileName is the base name of the spec file of device name.
-func cdiSpecFileName(name string) string {
+// SpecFileName is the base name of the spec file of device name.
+func SpecFileName(name string) string {
 	return cdi.GenerateTransientSpecName(cdiVendor, cdiClass, name) + cdiSpecExt
 }
 
-// cdiDeviceOfFile returns the device name of a spec file the plugin wrote,
+// DeviceOfFile returns the device name of a spec file the plugin wrote,
 // or false for any other file.
-func cdiDeviceOfFile(base string) (string, bool) {
+func DeviceOfFile(base string) (string, bool) {
 	prefix := cdi.GenerateTransientSpecName(cdiVendor, cdiClass, "")
 	name, ok := strings.CutPrefix(base, prefix)
 	if !ok {
@@ -70,9 +70,9 @@ func cdiDeviceOfFile(base string) (string, bool) {
 	return name, true
 }
 
-// buildCDISpec returns the spec of one device, name, carrying e. Its
+// BuildSpec returns the spec of one device, name, carrying e. Its
 // cdiVersion is the lowest the content needs, so older runtimes read it.
-func buildCDISpec(name string, e containerEdits) (*cdispecs.Spec, error) {
+func BuildSpec(name string, e Edits) (*cdispecs.Spec, error) {
 	if err := parser.ValidateDeviceName(name); err != nil {
 		return nil, fmt.Errorf("CDI device name %q: %w", name, err)
 	}
@@ -103,10 +103,10 @@ func buildCDISpec(name string, e containerEdits) (*cdispecs.Spec, error) {
 	return spec, nil
 }
 
-// writeCDISpec atomically replaces the spec file of spec's only device in
+// WriteSpec atomically replaces the spec file of spec's only device in
 // dir. The CDI library reads and validates the new file before it takes
 // the old one's place, so a runtime never sees a spec it would reject.
-func writeCDISpec(dir string, spec *cdispecs.Spec) error {
+func WriteSpec(dir string, spec *cdispecs.Spec) error {
 	if len(spec.Devices) != 1 {
 		return fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
 	}
@@ -114,9 +114,9 @@ func writeCDISpec(dir string, spec *cdispecs.Spec) error {
 	if err != nil {
 		return fmt.Errorf("encode CDI spec: %w", err)
 	}
-	file := cdiSpecFileName(spec.Devices[0].Name)
+	file := SpecFileName(spec.Devices[0].Name)
 	//nolint:gosec // G306: container runtimes, not only root, may read CDI specs.
-	return writeFileAtomic(dir, file, data, 0o644, func(tmp string) error {
+	return WriteFileAtomic(dir, file, data, 0o644, func(tmp string) error {
 		if _, err := cdi.ReadSpec(tmp, 0); err != nil {
 			return fmt.Errorf("CDI spec for %s is invalid: %w", file, err)
 		}
@@ -124,11 +124,11 @@ func writeCDISpec(dir string, spec *cdispecs.Spec) error {
 	})
 }
 
-// removeStaleCDISpecs deletes the plugin's spec files in dir whose device
+// RemoveStaleSpecs deletes the plugin's spec files in dir whose device
 // is not in live and that were written before cutoff (a spec written at
 // PreStartContainer must survive until the runtime has read it), and
 // leftover temporary files. It returns the device names removed.
-func removeStaleCDISpecs(dir string, live map[string]bool, cutoff time.Time) ([]string, error) {
+func RemoveStaleSpecs(dir string, live map[string]bool, cutoff time.Time) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -139,7 +139,7 @@ func removeStaleCDISpecs(dir string, live map[string]bool, cutoff time.Time) ([]
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		name, ok := cdiDeviceOfFile(e.Name())
+		name, ok := DeviceOfFile(e.Name())
 		if !ok || live[name] {
 			continue
 		}
@@ -153,7 +153,7 @@ func removeStaleCDISpecs(dir string, live map[string]bool, cutoff time.Time) ([]
 		}
 		removed = append(removed, name)
 	}
-	if err := removeStaleTemps(dir, cutoff); err != nil {
+	if err := RemoveStaleTemps(dir, cutoff); err != nil {
 		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)

@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"encoding/json"
@@ -46,27 +46,27 @@ const (
 	// PreloadContainerPath is where the plugin's ld.so.preload file is
 	// mounted under the hami-core mechanism; it names LibVGPUContainerPath.
 	PreloadContainerPath = "/etc/ld.so.preload"
-	// preloadFileName is the ld.so.preload file in Config's state folder.
-	preloadFileName = "ld.so.preload"
+	// PreloadFileName is the ld.so.preload file in Config's state folder.
+	PreloadFileName = "ld.so.preload"
 )
 
-// envVar is one environment variable; order matters for stable output.
-type envVar struct {
+// EnvVar is one environment variable; order matters for stable output.
+type EnvVar struct {
 	Name, Value string
 }
 
-// hostMount is a bind mount of a host file or folder into the container,
+// HostMount is a bind mount of a host file or folder into the container,
 // read-only unless Writable.
-type hostMount struct {
+type HostMount struct {
 	HostPath, ContainerPath string
 	Writable                bool
 }
 
-// containerEdits is everything a container gets for its slice: written to
+// Edits is everything a container gets for its slice: written to
 // a CDI spec (mode cdi) or returned from Allocate (mode env).
-type containerEdits struct {
-	Env    []envVar
-	Mounts []hostMount
+type Edits struct {
+	Env    []EnvVar
+	Mounts []HostMount
 	// DeviceNodes are device paths, the same on the host and in the
 	// container; none with fake GPUs, or when the NVIDIA CDI devices
 	// bring them.
@@ -84,21 +84,46 @@ type allocationJSON struct {
 	CoresPercent int    `json:"coresPercent"`
 }
 
-// editsFor builds the container edits of container ca of pod: the common
+// Builder builds what a container gets for its slice on one node, the same
+// in every mode of the node agent (device plugin, DRA driver). It is a
+// value of settings; EditsFor is safe for concurrent use when GPU is.
+type Builder struct {
+	// NodeName names the node in errors.
+	NodeName string
+	// GPU returns the node's GPU with a UUID, false for one the node does
+	// not advertise.
+	GPU func(uuid string) (vgpu.GPU, bool)
+	// SharedCacheDir is the container folder of HAMi-core's accounting
+	// files (EnvSharedCache).
+	SharedCacheDir string
+	// FakeGPUs leaves the device nodes out: fake GPUs have no /dev files.
+	FakeGPUs bool
+	// Enforcement is the node's mechanism; HostLibVGPU, StateDir and
+	// MPSDir are the host paths it mounts from.
+	Enforcement vgpu.Enforcement
+	HostLibVGPU string
+	StateDir    string
+	MPSDir      string
+	// NVIDIACDI are the NVIDIA toolkit's CDI devices by GPU UUID
+	// (NVIDIACDIDevices); used under the driver mechanism only.
+	NVIDIACDI map[string]string
+}
+
+// EditsFor builds the container edits of container ca of pod: the common
 // environment, then what the node's enforcement mechanism adds
 // (enforcementEdits). Every slice must name a GPU this node advertises;
 // the error says which does not. Device nodes are left out with fake GPUs,
 // whose /dev files do not exist, and when the NVIDIA CDI devices bring
 // them.
-func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (containerEdits, error) {
-	var e containerEdits
+func (a *Builder) EditsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (Edits, error) {
+	var e Edits
 	uuids := make([]string, 0, len(ca.GPUs))
 	slices := make([]allocationJSON, 0, len(ca.GPUs))
 	gpus := make([]vgpu.GPU, 0, len(ca.GPUs))
 	for _, s := range ca.GPUs {
-		g, ok := a.inv.gpu(s.UUID)
+		g, ok := a.GPU(s.UUID)
 		if !ok {
-			return containerEdits{}, fmt.Errorf("container %q: the allocation names GPU %s, which node %s does not advertise", ca.Name, s.UUID, a.cfg.NodeName)
+			return Edits{}, fmt.Errorf("container %q: the allocation names GPU %s, which node %s does not advertise", ca.Name, s.UUID, a.NodeName)
 		}
 		uuids = append(uuids, s.UUID)
 		gpus = append(gpus, g)
@@ -106,26 +131,26 @@ func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (cont
 	}
 	allocation, err := json.Marshal(slices)
 	if err != nil {
-		return containerEdits{}, fmt.Errorf("encode %s: %w", EnvAllocation, err)
+		return Edits{}, fmt.Errorf("encode %s: %w", EnvAllocation, err)
 	}
 
-	e.Env = append(e.Env, envVar{EnvVisibleDevices, strings.Join(uuids, ",")})
+	e.Env = append(e.Env, EnvVar{EnvVisibleDevices, strings.Join(uuids, ",")})
 	for i, s := range ca.GPUs {
-		e.Env = append(e.Env, envVar{EnvMemoryLimitPrefix + strconv.Itoa(i), strconv.FormatInt(s.MemoryMiB, 10) + "m"})
+		e.Env = append(e.Env, EnvVar{EnvMemoryLimitPrefix + strconv.Itoa(i), strconv.FormatInt(s.MemoryMiB, 10) + "m"})
 	}
 	if len(ca.GPUs) > 0 && ca.GPUs[0].CoresPercent > 0 {
-		e.Env = append(e.Env, envVar{EnvSMLimit, strconv.Itoa(ca.GPUs[0].CoresPercent)})
+		e.Env = append(e.Env, EnvVar{EnvSMLimit, strconv.Itoa(ca.GPUs[0].CoresPercent)})
 	}
 	e.Env = append(e.Env,
-		envVar{EnvSharedCache, path.Join(a.cfg.SharedCacheDir, string(pod.UID)+"-"+ca.Name+".cache")},
-		envVar{EnvPod, pod.Namespace + "/" + pod.Name},
-		envVar{EnvPodUID, string(pod.UID)},
-		envVar{EnvContainer, ca.Name},
-		envVar{EnvAllocation, string(allocation)},
+		EnvVar{EnvSharedCache, path.Join(a.SharedCacheDir, string(pod.UID)+"-"+ca.Name+".cache")},
+		EnvVar{EnvPod, pod.Namespace + "/" + pod.Name},
+		EnvVar{EnvPodUID, string(pod.UID)},
+		EnvVar{EnvContainer, ca.Name},
+		EnvVar{EnvAllocation, string(allocation)},
 	)
 
 	e.Guarded = a.enforcementEdits(&e, ca, gpus)
-	if a.cfg.FakeGPUs == "" && a.nvidiaDevicesFor(uuids) == nil {
+	if !a.FakeGPUs && a.NVIDIADevicesFor(uuids) == nil {
 		for _, g := range gpus {
 			e.DeviceNodes = append(e.DeviceNodes, "/dev/nvidia"+strconv.Itoa(g.Minor))
 		}
@@ -135,6 +160,6 @@ func (a *allocator) editsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (cont
 	return e, nil
 }
 
-// preloadContent is the ld.so.preload file the plugin mounts into GPU
+// PreloadContent is the ld.so.preload file the plugin mounts into GPU
 // containers when HostLibVGPU is set.
-const preloadContent = LibVGPUContainerPath + "\n"
+const PreloadContent = LibVGPUContainerPath + "\n"

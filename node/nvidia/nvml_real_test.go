@@ -14,7 +14,7 @@ import (
 )
 
 // TestRealNVML runs the backend over the machine's NVIDIA driver. Run it
-// with "go test -tags nvml -run TestRealNVML ./deviceplugin/nvidia/" on a
+// with "go test -tags nvml -run TestRealNVML ./node/nvidia/" on a
 // GPU node.
 func TestRealNVML(t *testing.T) {
 	logger, ctx := ktesting.NewTestContext(t)

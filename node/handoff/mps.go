@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // Restart back-off of an MPS control daemon that exits, and how long it
 // has to run to count as healthy again (the back-off then starts over).
 const (
-	mpsRestartInitial = time.Second
+	MPSRestartInitial = time.Second
 	mpsRestartMax     = 30 * time.Second
 	mpsStableAfter    = time.Minute
 	// mpsStopWait is how long a daemon may take to exit after SIGTERM
@@ -30,61 +30,61 @@ const (
 	mpsOutputFile = "control-daemon.out"
 )
 
-// mpsPipeDir is the pipe folder of the MPS daemon of the GPU at index:
+// MPSPipeDir is the pipe folder of the MPS daemon of the GPU at index:
 // <dir>/gpu<index>/pipe. An index, not a UUID, keeps the daemon's socket
 // paths under the 108-byte limit of a unix socket address.
-func mpsPipeDir(dir string, index int) string {
+func MPSPipeDir(dir string, index int) string {
 	return filepath.Join(dir, "gpu"+strconv.Itoa(index), "pipe")
 }
 
-// mpsShmDir is the shared memory folder of all MPS daemons and clients.
-func mpsShmDir(dir string) string {
+// MPSShmDir is the shared memory folder of all MPS daemons and clients.
+func MPSShmDir(dir string) string {
 	return filepath.Join(dir, "shm")
 }
 
-// mpsLogDir is the log folder of the MPS daemon of the GPU at index.
-func mpsLogDir(dir string, index int) string {
+// MPSLogDir is the log folder of the MPS daemon of the GPU at index.
+func MPSLogDir(dir string, index int) string {
 	return filepath.Join(dir, "gpu"+strconv.Itoa(index), "log")
 }
 
-// mpsDaemons supervises one MPS control daemon per GPU the plugin shares:
+// MPSDaemons supervises one MPS control daemon per GPU the plugin shares:
 // "<binary> -f" (foreground) with CUDA_VISIBLE_DEVICES naming the GPU and
 // its own pipe and log folders, restarted with back-off when it exits,
 // stopped with SIGTERM when the plugin stops.
-type mpsDaemons struct {
-	binary string
-	dir    string
-	gpus   []vgpu.GPU
-	clock  clock.WithTicker
-	// restartInitial is mpsRestartInitial; a field so tests can shorten it.
-	restartInitial time.Duration
+type MPSDaemons struct {
+	Binary string
+	Dir    string
+	GPUs   []vgpu.GPU
+	Clock  clock.WithTicker
+	// RestartInitial is MPSRestartInitial; a field so tests can shorten it.
+	RestartInitial time.Duration
 }
 
-// run supervises the daemons until ctx ends, then waits for them to exit.
-func (m *mpsDaemons) run(ctx context.Context) {
+// Run supervises the daemons until ctx ends, then waits for them to exit.
+func (m *MPSDaemons) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, g := range m.gpus {
+	for _, g := range m.GPUs {
 		wg.Go(func() { m.supervise(ctx, g) })
 	}
 	wg.Wait()
 }
 
 // supervise keeps the daemon of g running until ctx ends.
-func (m *mpsDaemons) supervise(ctx context.Context, g vgpu.GPU) {
+func (m *MPSDaemons) supervise(ctx context.Context, g vgpu.GPU) {
 	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
-	delay := m.restartInitial
+	delay := m.RestartInitial
 	for starts := 1; ; starts++ {
-		started := m.clock.Now()
-		logger.V(2).Info("Starting the MPS control daemon", "binary", m.binary, "start", starts)
+		started := m.Clock.Now()
+		logger.V(2).Info("Starting the MPS control daemon", "binary", m.Binary, "start", starts)
 		err := m.runOnce(ctx, g)
 		if ctx.Err() != nil {
 			return
 		}
-		if m.clock.Since(started) >= mpsStableAfter {
-			delay = m.restartInitial
+		if m.Clock.Since(started) >= mpsStableAfter {
+			delay = m.RestartInitial
 		}
-		logger.Error(err, "MPS control daemon exited; restarting", "in", delay, "logs", mpsLogDir(m.dir, g.Index))
-		t := m.clock.NewTimer(delay)
+		logger.Error(err, "MPS control daemon exited; restarting", "in", delay, "logs", MPSLogDir(m.Dir, g.Index))
+		t := m.Clock.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -96,8 +96,8 @@ func (m *mpsDaemons) supervise(ctx context.Context, g vgpu.GPU) {
 }
 
 // runOnce runs the daemon of g until it exits or ctx ends.
-func (m *mpsDaemons) runOnce(ctx context.Context, g vgpu.GPU) error {
-	pipe, logs := mpsPipeDir(m.dir, g.Index), mpsLogDir(m.dir, g.Index)
+func (m *MPSDaemons) runOnce(ctx context.Context, g vgpu.GPU) error {
+	pipe, logs := MPSPipeDir(m.Dir, g.Index), MPSLogDir(m.Dir, g.Index)
 	for _, d := range []string{pipe, logs} {
 		if err := os.MkdirAll(d, 0o755); err != nil { //nolint:gosec // G301: GPU containers reach the pipes.
 			return fmt.Errorf("MPS folder: %w", err)
@@ -108,7 +108,7 @@ func (m *mpsDaemons) runOnce(ctx context.Context, g vgpu.GPU) error {
 		return fmt.Errorf("MPS daemon output: %w", err)
 	}
 	defer func() { _ = out.Close() }()
-	cmd := exec.CommandContext(ctx, m.binary, "-f") //nolint:gosec // G204: the operator's configured binary.
+	cmd := exec.CommandContext(ctx, m.Binary, "-f") //nolint:gosec // G204: the operator's configured binary.
 	cmd.Env = append(os.Environ(),
 		"CUDA_VISIBLE_DEVICES="+g.UUID,
 		EnvMPSPipeDirectory+"="+pipe,
@@ -118,7 +118,7 @@ func (m *mpsDaemons) runOnce(ctx context.Context, g vgpu.GPU) error {
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = mpsStopWait
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s -f: %w", m.binary, err)
+		return fmt.Errorf("%s -f: %w", m.Binary, err)
 	}
-	return fmt.Errorf("%s -f exited", m.binary)
+	return fmt.Errorf("%s -f exited", m.Binary)
 }

@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Temporary files of writeFileAtomic are named tempPrefix*tempSuffix, so
+// Temporary files of WriteFileAtomic are named tempPrefix*tempSuffix, so
 // that neither CDI (which reads *.json and *.yaml) nor the kubelet (which
 // deletes sockets only) ever looks at them, and GC can find leftovers.
 const (
@@ -17,13 +17,13 @@ const (
 	tempSuffix = ".tmp"
 )
 
-// writeFileAtomic replaces dir/name with data so that a reader sees either
+// WriteFileAtomic replaces dir/name with data so that a reader sees either
 // the old or the new file, never a part: it writes a temporary file in dir,
 // syncs it, runs check on its path (nil: no check; an error stops the
 // write), renames it over name and syncs dir. The temporary file is
 // removed on any failure. Safe for concurrent use on different names; for
 // one name the last rename wins.
-func writeFileAtomic(dir, name string, data []byte, perm os.FileMode, check func(path string) error) (err error) {
+func WriteFileAtomic(dir, name string, data []byte, perm os.FileMode, check func(path string) error) (err error) {
 	f, err := os.CreateTemp(dir, tempPrefix+"*"+tempSuffix)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", filepath.Join(dir, name), err)
@@ -74,9 +74,9 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// ensureFile writes dir/name with content unless it already holds exactly
+// EnsureFile writes dir/name with content unless it already holds exactly
 // that, creating dir if needed.
-func ensureFile(dir, name, content string, perm os.FileMode) error {
+func EnsureFile(dir, name, content string, perm os.FileMode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // G301: container runtimes bind-mount files from here.
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
@@ -87,12 +87,12 @@ func ensureFile(dir, name, content string, perm os.FileMode) error {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("read %s: %w", filepath.Join(dir, name), err)
 	}
-	return writeFileAtomic(dir, name, []byte(content), perm, nil)
+	return WriteFileAtomic(dir, name, []byte(content), perm, nil)
 }
 
-// removeStaleTemps deletes writeFileAtomic leftovers in dir (from a crash
+// RemoveStaleTemps deletes WriteFileAtomic leftovers in dir (from a crash
 // between create and rename) last modified before cutoff.
-func removeStaleTemps(dir string, cutoff time.Time) error {
+func RemoveStaleTemps(dir string, cutoff time.Time) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

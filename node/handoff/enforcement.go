@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"errors"
@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -111,12 +109,24 @@ func driverMajor(version string) (int, bool) {
 	return n, err == nil
 }
 
+// EnforcementConfig are the node agent's enforcement settings.
+type EnforcementConfig struct {
+	// Enforcement is EnforcementAuto or a vgpu.Enforcement to force.
+	Enforcement string
+	// DisabledEnforcement lists mechanisms auto must not pick.
+	DisabledEnforcement []string
+	// HostLibVGPU is the host path of HAMi-core's libvgpu.so; empty: none.
+	HostLibVGPU string
+	// MPSControl is the configured MPS control binary, named in errors.
+	MPSControl string
+}
+
 // QualifiedEnforcements returns the mechanisms a node with facts f and
 // configuration cfg can use, from the strongest, always ending with
 // vgpu.EnforcementNone: driver with a driver of R615 or later on cgroup
 // v2, hami-core when cfg.HostLibVGPU is set, mps when the MPS control
 // binary was found. Pure.
-func QualifiedEnforcements(cfg Config, f NodeFacts) []vgpu.Enforcement {
+func QualifiedEnforcements(cfg EnforcementConfig, f NodeFacts) []vgpu.Enforcement {
 	var out []vgpu.Enforcement
 	if major, ok := driverMajor(f.DriverVersion); ok && major >= MinDriverMajorForMemoryLimits && f.CgroupVersion == 2 {
 		out = append(out, vgpu.EnforcementDriver)
@@ -130,22 +140,22 @@ func QualifiedEnforcements(cfg Config, f NodeFacts) []vgpu.Enforcement {
 	return append(out, vgpu.EnforcementNone)
 }
 
-// errMPSUnavailable means enforcement mps was forced on a node without the
+// ErrMPSUnavailable means enforcement mps was forced on a node without the
 // MPS control binary.
-var errMPSUnavailable = errors.New("enforcement=mps: the MPS control binary was not found")
+var ErrMPSUnavailable = errors.New("enforcement=mps: the MPS control binary was not found")
 
-// chooseEnforcement returns the node's mechanism: the forced one
+// ChooseEnforcement returns the node's mechanism: the forced one
 // (cfg.Enforcement other than auto), or the first of
 // QualifiedEnforcements that cfg.DisabledEnforcement does not list. A
-// forced mps needs the MPS binary (errMPSUnavailable); a forced driver
+// forced mps needs the MPS binary (ErrMPSUnavailable); a forced driver
 // mechanism is taken on the operator's word (qualified says whether
 // detection agrees).
-func chooseEnforcement(cfg Config, f NodeFacts) (e vgpu.Enforcement, qualified bool, err error) {
+func ChooseEnforcement(cfg EnforcementConfig, f NodeFacts) (e vgpu.Enforcement, qualified bool, err error) {
 	all := QualifiedEnforcements(cfg, f)
 	if cfg.Enforcement != EnforcementAuto {
 		e = vgpu.Enforcement(cfg.Enforcement)
 		if e == vgpu.EnforcementMPS && f.MPSControl == "" {
-			return "", false, fmt.Errorf("%w (mpsControl=%q)", errMPSUnavailable, cfg.MPSControl)
+			return "", false, fmt.Errorf("%w (mpsControl=%q)", ErrMPSUnavailable, cfg.MPSControl)
 		}
 		return e, slices.Contains(all, e), nil
 	}
@@ -157,8 +167,8 @@ func chooseEnforcement(cfg Config, f NodeFacts) (e vgpu.Enforcement, qualified b
 	return vgpu.EnforcementNone, true, nil
 }
 
-// validEnforcement reports whether s is a Config.Enforcement value.
-func validEnforcement(s string) bool {
+// ValidEnforcement reports whether s is a Config.Enforcement value.
+func ValidEnforcement(s string) bool {
 	if s == EnforcementAuto {
 		return true
 	}
@@ -171,44 +181,44 @@ func validEnforcement(s string) bool {
 // variables are always set (an image may bring its own libvgpu.so); the
 // library is mounted only with hami-core. MPS guards containers on one
 // GPU.
-func (a *allocator) enforcementEdits(e *containerEdits, ca vgpu.ContainerAllocation, gpus []vgpu.GPU) bool {
-	mech := a.enforcement
+func (a *Builder) enforcementEdits(e *Edits, ca vgpu.ContainerAllocation, gpus []vgpu.GPU) bool {
+	mech := a.Enforcement
 	if !vgpu.GuardsContainer(mech, len(ca.GPUs)) {
 		return false
 	}
 	switch mech {
 	case vgpu.EnforcementDriver:
-		mib := strconv.FormatInt(minMemoryMiB(ca), 10)
-		e.Env = append(e.Env, envVar{EnvGPUMemoryRequest, mib}, envVar{EnvGPUMemoryLimit, mib})
+		mib := strconv.FormatInt(MinMemoryMiB(ca), 10)
+		e.Env = append(e.Env, EnvVar{EnvGPUMemoryRequest, mib}, EnvVar{EnvGPUMemoryLimit, mib})
 	case vgpu.EnforcementHAMiCore:
 		e.Mounts = append(e.Mounts,
-			hostMount{HostPath: a.cfg.HostLibVGPU, ContainerPath: LibVGPUContainerPath},
-			hostMount{HostPath: filepath.Join(a.cfg.EffectiveStateDir(), preloadFileName), ContainerPath: PreloadContainerPath},
+			HostMount{HostPath: a.HostLibVGPU, ContainerPath: LibVGPUContainerPath},
+			HostMount{HostPath: filepath.Join(a.StateDir, PreloadFileName), ContainerPath: PreloadContainerPath},
 		)
 	case vgpu.EnforcementMPS:
 		if len(ca.GPUs) == 0 {
 			return true
 		}
 		s := ca.GPUs[0]
-		pipe := mpsPipeDir(a.cfg.MPSDir, gpus[0].Index)
+		pipe := MPSPipeDir(a.MPSDir, gpus[0].Index)
 		e.Env = append(e.Env,
-			envVar{EnvMPSPipeDirectory, pipe},
-			envVar{EnvMPSPinnedMemoryLimit, "0=" + strconv.FormatInt(s.MemoryMiB, 10) + "M"},
+			EnvVar{EnvMPSPipeDirectory, pipe},
+			EnvVar{EnvMPSPinnedMemoryLimit, "0=" + strconv.FormatInt(s.MemoryMiB, 10) + "M"},
 		)
 		if s.CoresPercent > 0 && s.CoresPercent < vgpu.MaxPercent {
-			e.Env = append(e.Env, envVar{EnvMPSActiveThreadPercentage, strconv.Itoa(s.CoresPercent)})
+			e.Env = append(e.Env, EnvVar{EnvMPSActiveThreadPercentage, strconv.Itoa(s.CoresPercent)})
 		}
 		e.Mounts = append(e.Mounts,
-			hostMount{HostPath: pipe, ContainerPath: pipe, Writable: true},
-			hostMount{HostPath: mpsShmDir(a.cfg.MPSDir), ContainerPath: MPSShmContainerPath, Writable: true},
+			HostMount{HostPath: pipe, ContainerPath: pipe, Writable: true},
+			HostMount{HostPath: MPSShmDir(a.MPSDir), ContainerPath: MPSShmContainerPath, Writable: true},
 		)
 	}
 	return true
 }
 
-// minMemoryMiB is the smallest slice of ca: the driver's hook applies one
+// MinMemoryMiB is the smallest slice of ca: the driver's hook applies one
 // limit to all of a container's GPUs, so no GPU gets more than its slice.
-func minMemoryMiB(ca vgpu.ContainerAllocation) int64 {
+func MinMemoryMiB(ca vgpu.ContainerAllocation) int64 {
 	var m int64
 	for i, s := range ca.GPUs {
 		if i == 0 || s.MemoryMiB < m {
@@ -216,59 +226,4 @@ func minMemoryMiB(ca vgpu.ContainerAllocation) int64 {
 		}
 	}
 	return m
-}
-
-// reportEnforcement records the Normal event that names the mechanism
-// guarding container ref of pod, holding ca.
-func (a *allocator) reportEnforcement(ref containerRef, pod *corev1.Pod, ca vgpu.ContainerAllocation) {
-	if a.events == nil || pod == nil {
-		return
-	}
-	a.events.Eventf(pod, corev1.EventTypeNormal, ReasonEnforced, "container %s: %s", ref.Container, enforcementMessage(a.enforcement, a.cfg.NodeName, ca))
-}
-
-// reportEnforcementFromView is reportEnforcement for a container whose pod
-// the view already shows (mode env, after verifyBinding): it reads the
-// allocation as the view has it now and never waits, so the start is not
-// held up for an event; without a readable allocation there is none.
-func (a *allocator) reportEnforcementFromView(ref containerRef) {
-	pod, ok := a.pods.Pod(ref.Namespace, ref.Pod)
-	if !ok {
-		return
-	}
-	alloc, ok, err := a.pods.Allocation(pod)
-	if !ok {
-		return
-	}
-	if pod, ca, err := a.containerAllocation(ref, pod, alloc, err); err == nil {
-		a.reportEnforcement(ref, pod, ca)
-	}
-}
-
-// enforcementMessage says, for a person, what guards a container holding
-// ca on node under mechanism mech.
-func enforcementMessage(mech vgpu.Enforcement, node string, ca vgpu.ContainerAllocation) string {
-	if len(ca.GPUs) == 0 {
-		return "no GPU slice"
-	}
-	s := ca.GPUs[0]
-	switch {
-	case mech == vgpu.EnforcementMPS && len(ca.GPUs) > 1:
-		return fmt.Sprintf("enforcement none: node %s uses MPS, which serves containers on one GPU; this one has %d, so its limits are only in its environment", node, len(ca.GPUs))
-	case !mech.Guards():
-		return fmt.Sprintf("enforcement none: node %s has no enforcement mechanism; the limits (%d MiB per GPU) are only in the environment", node, s.MemoryMiB)
-	case mech == vgpu.EnforcementDriver:
-		return fmt.Sprintf("enforcement driver: the NVIDIA driver limits GPU memory to %d MiB per GPU (%s); compute is not limited", minMemoryMiB(ca), EnvGPUMemoryLimit)
-	case mech == vgpu.EnforcementHAMiCore:
-		msg := fmt.Sprintf("enforcement hami-core: libvgpu.so limits GPU memory to %d MiB per GPU", s.MemoryMiB)
-		if s.CoresPercent > 0 {
-			return msg + fmt.Sprintf(" and compute to %d%%", s.CoresPercent)
-		}
-		return msg + "; compute is not limited"
-	}
-	msg := fmt.Sprintf("enforcement mps: the MPS control daemon of GPU %s limits device memory to %d MiB", s.UUID, s.MemoryMiB)
-	if s.CoresPercent > 0 && s.CoresPercent < vgpu.MaxPercent {
-		return msg + fmt.Sprintf(" and active threads to %d%%", s.CoresPercent)
-	}
-	return msg + "; threads are not limited"
 }

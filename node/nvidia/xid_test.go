@@ -51,7 +51,7 @@ func TestXIDKindString(t *testing.T) {
 // xidDocEnd.
 const (
 	xidDoc      = "../../docs/health.md"
-	xidDocBegin = "<!-- xid-table: generated from deviceplugin/nvidia/xid.go; TestXIDTableInDocs checks it -->\n"
+	xidDocBegin = "<!-- xid-table: generated from node/nvidia/xid.go; TestXIDTableInDocs checks it -->\n"
 	xidDocEnd   = "<!-- /xid-table -->"
 )
 

@@ -1,4 +1,4 @@
-package deviceplugin
+package handoff
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// nvidiaCDIDevices finds the NVIDIA container toolkit's CDI device of each
+// NVIDIACDIDevices finds the NVIDIA container toolkit's CDI device of each
 // GPU in the spec files matching patterns (Config.NVIDIACDISpecs, in
 // order; the first file that names a GPU wins): the device named by the
 // GPU's UUID (nvidia-ctk --device-name-strategy=uuid) or else by its index
@@ -21,7 +21,7 @@ import (
 // no spec names are left out, and no file at all is not an error. A file
 // that matches but cannot be read as a CDI spec is reported beside what
 // the other files gave.
-func nvidiaCDIDevices(patterns []string, gpus []vgpu.GPU) (map[string]string, error) {
+func NVIDIACDIDevices(patterns []string, gpus []vgpu.GPU) (map[string]string, error) {
 	out := map[string]string{}
 	var errs []error
 	for _, pattern := range patterns {
@@ -53,16 +53,16 @@ func nvidiaCDIDevices(patterns []string, gpus []vgpu.GPU) (map[string]string, er
 	return out, errors.Join(errs...)
 }
 
-// nvidiaDevicesFor returns the NVIDIA CDI devices of gpus (UUIDs) under
+// NVIDIADevicesFor returns the NVIDIA CDI devices of gpus (UUIDs) under
 // the driver mechanism, or nil when the mechanism is another or a GPU has
 // no NVIDIA device (then the plugin's own spec carries the device nodes).
-func (a *allocator) nvidiaDevicesFor(gpus []string) []string {
-	if a.enforcement != vgpu.EnforcementDriver || len(a.nvidiaCDI) == 0 {
+func (a *Builder) NVIDIADevicesFor(gpus []string) []string {
+	if a.Enforcement != vgpu.EnforcementDriver || len(a.NVIDIACDI) == 0 {
 		return nil
 	}
 	names := make([]string, 0, len(gpus))
 	for _, u := range gpus {
-		n, ok := a.nvidiaCDI[u]
+		n, ok := a.NVIDIACDI[u]
 		if !ok {
 			return nil
 		}
