@@ -64,12 +64,12 @@ type State struct {
 	Dir string `json:"dir"`
 	// BinDir is where the binaries were taken from; PluginPath, ExtenderPath and WebhookPath are
 	// gpuslice's binaries.
-	BinDir       string `json:"binDir"`
-	PluginPath   string `json:"pluginPath"`
+	BinDir     string `json:"binDir"`
+	PluginPath string `json:"pluginPath"`
 	// DRAPluginPath is gpuslice's DRA driver binary.
 	DRAPluginPath string `json:"draPluginPath,omitempty"`
-	ExtenderPath string `json:"extenderPath"`
-	WebhookPath  string `json:"webhookPath"`
+	ExtenderPath  string `json:"extenderPath"`
+	WebhookPath   string `json:"webhookPath"`
 	// Kubeconfig is the admin kubeconfig's path.
 	Kubeconfig string `json:"kubeconfig"`
 	// Token is the admin bearer token; CAData the API server's PEM certificate.
