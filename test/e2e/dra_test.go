@@ -235,7 +235,9 @@ func TestDRAFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll(t, time.Minute, "gpu-0 untainted after the reset", tainted(false))
-	c.Client().CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, "before", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}) //nolint:errcheck // the pending pod's wait below shows the outcome
+	if err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, "before", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
 	poll(t, 2*time.Minute, "both whole-GPU pods Running after the recovery", func(ctx context.Context) (bool, string) {
 		p, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, out.pending[0].Name, metav1.GetOptions{})
 		if err != nil {
