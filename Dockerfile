@@ -11,7 +11,7 @@ COPY . .
 ARG VERSION=dev
 ENV CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations
 RUN go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.version=${VERSION}" -o /out/ \
-      ./cmd/gpuslice-device-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook ./cmd/gpuslice
+      ./cmd/gpuslice-device-plugin ./cmd/gpuslice-dra-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook ./cmd/gpuslice
 
 # glibc is needed to dlopen libnvidia-ml.so; distroless/base carries it and nothing else.
 FROM gcr.io/distroless/base-debian12:nonroot

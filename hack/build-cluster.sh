@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # build-cluster.sh builds the local test cluster's binaries into _output/cluster/bin (ignored):
 #   kube-apiserver, kube-scheduler,
+#   kube-controller-manager,
 #   kubelet, kubectl                          k8s.io/kubernetes (version of test/go.mod), stamped
 #   etcd                                      test/cmd/etcd (go.etcd.io/etcd/server/v3 etcdmain)
 #   gpuslice-fake-cri                         test/cmd/gpuslice-fake-cri (k8s.io/cri-client fake + recorder)
 #   gpuslice-build                            test/cmd/gpuslice-build: builds the above with progress
 #   helm                                      helm.sh/helm/v3 (HELM_VERSION), go install outside any module
-#   gpuslice-device-plugin, gpuslice-scheduler,
+#   gpuslice-device-plugin, gpuslice-dra-plugin, gpuslice-scheduler,
 #   gpuslice-webhook                          ./cmd/... of the product module (always rebuilt; seconds)
 #
 # The test-module binaries are skipped when a stamp file holds the same hash of test/go.mod,
@@ -46,7 +47,7 @@ total_start=${SECONDS}
 # 1. Kubernetes, etcd and the fake CRI from the test module.
 stamp="${bin}/.test-module.sha256"
 want=$(hash_inputs)
-k8s_bins=(kube-apiserver kube-scheduler kubelet kubectl etcd gpuslice-fake-cri)
+k8s_bins=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd gpuslice-fake-cri)
 missing=false
 for b in "${k8s_bins[@]}"; do [[ -x "${bin}/${b}" ]] || missing=true; done
 if [[ "${force}" == false && "${missing}" == false && "$(cat "${stamp}" 2>/dev/null)" == "${want}" ]]; then
@@ -67,6 +68,7 @@ else
 			k8s.io/kubernetes/cmd/kube-apiserver \
 			k8s.io/kubernetes/cmd/kubelet \
 			k8s.io/kubernetes/cmd/kube-scheduler \
+			k8s.io/kubernetes/cmd/kube-controller-manager \
 			k8s.io/kubernetes/cmd/kubectl \
 			./cmd/etcd \
 			./cmd/gpuslice-fake-cri
@@ -91,7 +93,7 @@ fi
 
 # 3. gpuslice's own binaries, from the working tree: always, since go build's cache makes it cheap.
 start=${SECONDS}
-(cd "${root}" && go build -tags grpcnotrace -o "${bin}/" ./cmd/gpuslice-device-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook)
-log "built gpuslice-device-plugin, gpuslice-scheduler and gpuslice-webhook in $((SECONDS - start))s"
+(cd "${root}" && go build -tags grpcnotrace -o "${bin}/" ./cmd/gpuslice-device-plugin ./cmd/gpuslice-dra-plugin ./cmd/gpuslice-scheduler ./cmd/gpuslice-webhook)
+log "built gpuslice-device-plugin, gpuslice-dra-plugin, gpuslice-scheduler and gpuslice-webhook in $((SECONDS - start))s"
 
 log "done in $((SECONDS - total_start))s: ${bin}"

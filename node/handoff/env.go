@@ -109,6 +109,22 @@ type Builder struct {
 	NVIDIACDI map[string]string
 }
 
+// Owner is who a slice's edits are for: the environment names it and
+// HAMi-core's accounting file is keyed by it.
+type Owner struct {
+	// Namespace, Pod and PodUID name the pod; in DRA mode the pod the claim
+	// is reserved for (empty when several share it).
+	Namespace, Pod string
+	PodUID         string
+	// Container is the container's name; empty in DRA mode, where one CDI
+	// device serves every container that references the claim.
+	Container string
+	// CacheKey names the accounting file (<CacheKey>.cache): the pod UID
+	// and container name in device-plugin mode, the claim UID and request
+	// in DRA mode.
+	CacheKey string
+}
+
 // EditsFor builds the container edits of container ca of pod: the common
 // environment, then what the node's enforcement mechanism adds
 // (enforcementEdits). Every slice must name a GPU this node advertises;
@@ -116,6 +132,16 @@ type Builder struct {
 // whose /dev files do not exist, and when the NVIDIA CDI devices bring
 // them.
 func (a *Builder) EditsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (Edits, error) {
+	return a.EditsForOwner(Owner{
+		Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), Container: ca.Name,
+		CacheKey: string(pod.UID) + "-" + ca.Name,
+	}, ca)
+}
+
+// EditsForOwner is EditsFor for any owner; EnvPod and EnvPodUID are left
+// out when owner names no pod, EnvContainer when it names no container.
+// ca.Name appears only in errors.
+func (a *Builder) EditsForOwner(owner Owner, ca vgpu.ContainerAllocation) (Edits, error) {
 	var e Edits
 	uuids := make([]string, 0, len(ca.GPUs))
 	slices := make([]allocationJSON, 0, len(ca.GPUs))
@@ -141,13 +167,14 @@ func (a *Builder) EditsFor(pod *corev1.Pod, ca vgpu.ContainerAllocation) (Edits,
 	if len(ca.GPUs) > 0 && ca.GPUs[0].CoresPercent > 0 {
 		e.Env = append(e.Env, EnvVar{EnvSMLimit, strconv.Itoa(ca.GPUs[0].CoresPercent)})
 	}
-	e.Env = append(e.Env,
-		EnvVar{EnvSharedCache, path.Join(a.SharedCacheDir, string(pod.UID)+"-"+ca.Name+".cache")},
-		EnvVar{EnvPod, pod.Namespace + "/" + pod.Name},
-		EnvVar{EnvPodUID, string(pod.UID)},
-		EnvVar{EnvContainer, ca.Name},
-		EnvVar{EnvAllocation, string(allocation)},
-	)
+	e.Env = append(e.Env, EnvVar{EnvSharedCache, path.Join(a.SharedCacheDir, owner.CacheKey+".cache")})
+	if owner.Pod != "" {
+		e.Env = append(e.Env, EnvVar{EnvPod, owner.Namespace + "/" + owner.Pod}, EnvVar{EnvPodUID, owner.PodUID})
+	}
+	if owner.Container != "" {
+		e.Env = append(e.Env, EnvVar{EnvContainer, owner.Container})
+	}
+	e.Env = append(e.Env, EnvVar{EnvAllocation, string(allocation)})
 
 	e.Guarded = a.enforcementEdits(&e, ca, gpus)
 	if !a.FakeGPUs && a.NVIDIADevicesFor(uuids) == nil {

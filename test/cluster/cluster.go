@@ -27,6 +27,12 @@ type Options struct {
 	// PluginPath, ExtenderPath and WebhookPath are the gpuslice-device-plugin,
 	// gpuslice-scheduler and gpuslice-webhook binaries to run; empty means the ones in BinDir.
 	PluginPath, ExtenderPath, WebhookPath string
+	// DRAPluginPath is the gpuslice-dra-plugin binary DRA nodes run (NodeOptions.DRA); empty
+	// means the one next to PluginPath.
+	DRAPluginPath string
+	// ControllerManager runs kube-controller-manager with the resourceclaim controller, which
+	// turns ResourceClaimTemplates into the pods' ResourceClaims (DRA). Set it when a node has DRA.
+	ControllerManager bool
 	// ExtenderArgs and WebhookArgs are extra flags for the extender and the webhook.
 	ExtenderArgs, WebhookArgs []string
 	// SchedulerConfig, when set, is the KubeSchedulerConfiguration (YAML) kube-scheduler runs
@@ -58,10 +64,12 @@ type State struct {
 	Dir string `json:"dir"`
 	// BinDir is where the binaries were taken from; PluginPath, ExtenderPath and WebhookPath are
 	// gpuslice's binaries.
-	BinDir       string `json:"binDir"`
-	PluginPath   string `json:"pluginPath"`
-	ExtenderPath string `json:"extenderPath"`
-	WebhookPath  string `json:"webhookPath"`
+	BinDir     string `json:"binDir"`
+	PluginPath string `json:"pluginPath"`
+	// DRAPluginPath is gpuslice's DRA driver binary.
+	DRAPluginPath string `json:"draPluginPath,omitempty"`
+	ExtenderPath  string `json:"extenderPath"`
+	WebhookPath   string `json:"webhookPath"`
 	// Kubeconfig is the admin kubeconfig's path.
 	Kubeconfig string `json:"kubeconfig"`
 	// Token is the admin bearer token; CAData the API server's PEM certificate.
@@ -117,6 +125,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if c.State.PluginPath = opts.PluginPath; c.State.PluginPath == "" {
 		c.State.PluginPath = filepath.Join(c.State.BinDir, "gpuslice-device-plugin")
+	}
+	if c.State.DRAPluginPath = opts.DRAPluginPath; c.State.DRAPluginPath == "" {
+		c.State.DRAPluginPath = filepath.Join(filepath.Dir(c.State.PluginPath), DRAPluginName)
 	}
 	if c.State.ExtenderPath = opts.ExtenderPath; c.State.ExtenderPath == "" {
 		c.State.ExtenderPath = filepath.Join(c.State.BinDir, ExtenderName)
@@ -177,6 +188,11 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	}
 	if err := c.startScheduler(ctx, extenderPort, opts.SchedulerConfig); err != nil {
 		return err
+	}
+	if opts.ControllerManager {
+		if err := c.startControllerManager(ctx); err != nil {
+			return err
+		}
 	}
 	return c.addNodes(ctx, opts.Nodes)
 }

@@ -9,7 +9,7 @@ import (
 
 // GpusliceCommands are the product binaries a cluster runs, and the operator's CLI the tests run
 // against it, under cmd/ of the product module.
-var GpusliceCommands = []string{"gpuslice-device-plugin", ExtenderName, WebhookName, "gpuslice"}
+var GpusliceCommands = []string{"gpuslice-device-plugin", DRAPluginName, ExtenderName, WebhookName, "gpuslice"}
 
 // HostSupport returns nil when this machine can run a cluster, else why it cannot: not root
 // (the kubelet bind-mounts /var/lib and /var/log in its own mount namespace), no unshare(1), or

@@ -39,6 +39,8 @@ type NodeOptions struct {
 	// PluginArgs are extra device-plugin flags, e.g. "--split-count=4"; with a chart they come
 	// after the DaemonSet's arguments and override them.
 	PluginArgs []string `json:"pluginArgs,omitempty"`
+	// DRA serves the node's GPUs with gpuslice's DRA driver instead of the device plugin.
+	DRA bool `json:"dra,omitempty"`
 	// NoPlugin leaves the device plugin stopped: start it with Node.StartPlugin.
 	NoPlugin bool `json:"noPlugin,omitempty"`
 	// Labels are the Node's labels (the kubelet's --node-labels); with a chart they pick the
@@ -275,6 +277,9 @@ func (n *Node) KillKubelet() error { return n.Kubelet.Kill() }
 // node's device-plugin folder and taking fake GPU faults from FaultsDir; with a chart, as the
 // DaemonSet that selects the node says. It does not wait: see WaitPluginReady.
 func (n *Node) StartPlugin() error {
+	if n.DRA {
+		return n.startDRAPlugin()
+	}
 	if n.c.chart != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -299,8 +304,11 @@ func (n *Node) StartPlugin() error {
 }
 
 // WaitPluginReady waits until the Node has the label hami.io/gpu.ready=true and a non-zero
-// hami.io/gpu allocatable.
+// hami.io/gpu allocatable; on a DRA node, until its ResourceSlice lists devices.
 func (n *Node) WaitPluginReady(ctx context.Context) error {
+	if n.DRA {
+		return n.waitDRAReady(ctx)
+	}
 	return n.c.waitFor(ctx, "device plugin of "+n.Name+" registered", []*Process{n.Kubelet, n.Plugin}, func(ctx context.Context) (bool, error) {
 		node, err := n.c.client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
