@@ -127,10 +127,25 @@ type extenderScrape struct {
 	// heapInuseBytes is the Go heap in use (go_memstats_heap_inuse_bytes): live objects and
 	// what the collector has not reclaimed yet, the part of RSS the code can shrink.
 	heapInuseBytes float64
+	// goMemory is the rest of the Go runtime's account of its memory, by gauge (goMemGauges).
+	goMemory map[string]float64
 }
 
 // metricHeapInuse is the Go collector's heap-in-use gauge, which every gpuslice binary serves.
 const metricHeapInuse = "go_memstats_heap_inuse_bytes"
+
+// The Go collector's other memory gauges the harness reads: with the heap in use they say
+// where a process's RSS goes (heap pages idle but not returned to the OS, stacks, the
+// runtime's own structures) and how far the heap may grow before the next collection.
+const (
+	metricHeapIdle     = "go_memstats_heap_idle_bytes"
+	metricHeapReleased = "go_memstats_heap_released_bytes"
+	metricStackInuse   = "go_memstats_stack_inuse_bytes"
+	metricSys          = "go_memstats_sys_bytes"
+	metricNextGC       = "go_memstats_next_gc_bytes"
+)
+
+var goMemGauges = []string{metricHeapIdle, metricHeapReleased, metricStackInuse, metricSys, metricNextGC}
 
 // histogram is one Prometheus histogram: cumulative counts per upper bound, +Inf last.
 type histogram struct {
@@ -153,7 +168,7 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 	if resp.StatusCode != http.StatusOK {
 		return extenderScrape{}, fmt.Errorf("GET %s: HTTP %d, want 200", url, resp.StatusCode)
 	}
-	families, err := parseMetrics(resp.Body, extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable, extender.MetricRetries, metricHeapInuse)
+	families, err := parseMetrics(resp.Body, append([]string{extender.MetricRequestDuration, extender.MetricBinds, extender.MetricGPUMemorySchedulable, extender.MetricRetries, metricHeapInuse}, goMemGauges...)...)
 	if err != nil {
 		return extenderScrape{}, fmt.Errorf("%s: %w", url, err)
 	}
@@ -179,6 +194,12 @@ func scrapeExtender(ctx context.Context, url string) (extenderScrape, error) {
 	}
 	for _, m := range families[metricHeapInuse].GetMetric() {
 		out.heapInuseBytes = m.GetGauge().GetValue()
+	}
+	out.goMemory = map[string]float64{}
+	for _, name := range goMemGauges {
+		for _, m := range families[name].GetMetric() {
+			out.goMemory[name] = m.GetGauge().GetValue()
+		}
 	}
 	return out, nil
 }

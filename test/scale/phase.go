@@ -57,9 +57,11 @@ type PhaseResult struct {
 	ExtenderDurations map[string]histogram
 	Binds             map[string]float64
 	// Memory is each control-plane process's memory right after the phase, by name;
-	// ExtenderHeapMiB the extender's Go heap in use then.
+	// ExtenderHeapMiB the extender's Go heap in use then, and ExtenderGoMiB the rest of its Go
+	// runtime's memory gauges (heap idle and released, stacks, sys, next GC), in MiB by name.
 	Memory          map[string]Memory
 	ExtenderHeapMiB float64
+	ExtenderGoMiB   map[string]float64
 	// CPU is the CPU time each control-plane process used during the phase, by name: where a
 	// phase's time goes when the machine's cores, not a rate limit, bound it.
 	CPU map[string]time.Duration
@@ -152,6 +154,10 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	}
 	res.Memory = h.Memory()
 	res.ExtenderHeapMiB = extAfter.heapInuseBytes / (1 << 20)
+	res.ExtenderGoMiB = map[string]float64{}
+	for name, v := range extAfter.goMemory {
+		res.ExtenderGoMiB[name] = v / (1 << 20)
+	}
 	res.CPU = map[string]time.Duration{}
 	for name, after := range h.cpuTimes() {
 		if before, ok := cpuBefore[name]; ok {

@@ -71,6 +71,10 @@ func WriteResult(w io.Writer, r BenchResult) {
 		}
 	}
 	fmt.Fprintf(w, " extender Go heap in use %.0f MiB\n", r.GPU.ExtenderHeapMiB)
+	if g := r.GPU.ExtenderGoMiB; len(g) > 0 {
+		fmt.Fprintf(w, "extender Go memory: heap in use %.0f MiB, heap idle not returned to the OS %.0f MiB, stacks %.0f MiB, obtained from the OS %.0f MiB, next collection at a heap of %.0f MiB\n",
+			r.GPU.ExtenderHeapMiB, g[metricHeapIdle]-g[metricHeapReleased], g[metricStackInuse], g[metricSys], g[metricNextGC])
+	}
 	fmt.Fprintf(w, "heartbeat renewals: %d sent, %d failed", r.HeartbeatRenewals, r.HeartbeatFailures)
 	if r.HeartbeatError != "" {
 		fmt.Fprintf(w, " (last: %s)", r.HeartbeatError)
