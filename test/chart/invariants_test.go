@@ -22,7 +22,7 @@ import (
 // clusterScoped are the cluster-scoped kinds the chart renders.
 func clusterScoped(kind string) bool {
 	switch kind {
-	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass":
 		return true
 	}
 	return false
@@ -68,7 +68,7 @@ func checkLabels(t *testing.T, meta chartMeta, r rendered) {
 		"app.kubernetes.io/managed-by": "Helm",
 		"app.kubernetes.io/part-of":    "gpuslice",
 	}
-	components := []string{"device-plugin", "scheduler", "webhook", "monitoring"}
+	components := []string{"device-plugin", "dra-plugin", "scheduler", "webhook", "monitoring"}
 	for _, o := range r.objs {
 		got := o.u.GetLabels()
 		for _, k := range sortedKeys(want) {

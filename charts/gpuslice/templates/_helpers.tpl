@@ -135,3 +135,8 @@ hamiCompat: true
 {{- end }}
 {{- toJson $out -}}
 {{- end -}}
+
+{{- define "gpuslice.draPluginName" -}}{{ include "gpuslice.fullname" . }}-dra-plugin{{- end -}}
+
+{{/* The DRA driver's name: its ResourceSlices' driver and its DeviceClass (dra.DefaultDriverName). */}}
+{{- define "gpuslice.draDriverName" -}}gpuslice.hami.io{{- end -}}
