@@ -95,11 +95,18 @@ func TestDRANodePools(t *testing.T) {
 			}
 		}
 	}
-	args := strings.Join(dra.Spec.Template.Spec.Containers[0].Args, " ")
-	for _, want := range []string{"--fake-gpus=2xA100-80GB", "--reserved-memory-mib=512", "--exclude-gpus=1", "--registrar-dir=/var/lib/kubelet/plugins_registry", "--plugin-dir=/var/lib/kubelet/plugins/gpuslice.hami.io", "--cdi-spec-dir=/var/run/cdi"} {
-		if !strings.Contains(args, want) {
-			t.Errorf("DRA driver args %q: want %s", args, want)
+	cm, _ := findTyped[*corev1.ConfigMap](r, "ConfigMap", releaseNamespace, releaseName+"-dra-plugin")
+	if cm == nil {
+		t.Fatal("no ConfigMap " + releaseName + "-dra-plugin")
+	}
+	for _, want := range []string{`fakeGPUs: "2xA100-80GB"`, "reservedMemoryMiB: 512", `excludeGPUs: ["1"]`, `registrarDir: "/var/lib/kubelet/plugins_registry"`, `pluginDir: "/var/lib/kubelet/plugins/gpuslice.hami.io"`} {
+		if !strings.Contains(cm.Data["config.yaml"], want) {
+			t.Errorf("DRA driver config %q: want %s", cm.Data["config.yaml"], want)
 		}
+	}
+	wh, _ := findTyped[*appsv1.Deployment](r, "Deployment", releaseNamespace, releaseName+"-webhook")
+	if wh == nil || wh.Spec.Template.Spec.ServiceAccountName != releaseName+"-webhook" {
+		t.Errorf("webhook Deployment %v: want ServiceAccount %s-webhook, which may create claim templates", wh != nil, releaseName)
 	}
 }
 
@@ -147,7 +154,8 @@ func slice(name, node string) *resourcev1.ResourceSlice {
 	}
 }
 
-// TestDRAPluginRBAC checks the DRA driver's permissions in a real API server: exactly the verbs
+// TestDRAPluginRBAC checks the DRA driver's and the webhook's permissions in a real API server:
+// exactly the verbs
 // the ResourceSlice controller and NodePrepareResources use, and, through the chart's policy, only
 // on its own node's ResourceSlices (the node name of a pod-bound token, impersonated here).
 func TestDRAPluginRBAC(t *testing.T) {
@@ -198,6 +206,35 @@ func TestDRAPluginRBAC(t *testing.T) {
 		}
 		if got.Status.Allowed != tt.want {
 			t.Errorf("%+v: allowed %t, want %t (%s)", tt.access, got.Status.Allowed, tt.want, got.Status.Reason)
+		}
+	}
+
+	webhookRole, ok := findTyped[*rbacv1.ClusterRole](r, "ClusterRole", "", releaseName+"-webhook")
+	webhookBinding, ok2 := findTyped[*rbacv1.ClusterRoleBinding](r, "ClusterRoleBinding", "", releaseName+"-webhook")
+	if !ok || !ok2 {
+		t.Fatal("the DRA render lacks the webhook's ClusterRole or binding")
+	}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, webhookRole, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, webhookBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	webhookUser := "system:serviceaccount:" + releaseNamespace + ":" + releaseName + "-webhook"
+	for _, tt := range []struct {
+		verb, resource string
+		want           bool
+	}{{"create", "resourceclaimtemplates", true}, {"get", "resourceclaimtemplates", false}, {"update", "resourceclaimtemplates", false}, {"delete", "resourceclaimtemplates", false}, {"create", "resourceclaims", false}} {
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: webhookUser, Groups: []string{"system:serviceaccounts", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "ml", Verb: tt.verb, Group: rs, Resource: tt.resource},
+		}}
+		got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Allowed != tt.want {
+			t.Errorf("webhook %s %s: allowed %t, want %t", tt.verb, tt.resource, got.Status.Allowed, tt.want)
 		}
 	}
 
