@@ -109,19 +109,21 @@ func TestDRAMixed(t *testing.T) {
 
 	// status and doctor show both nodes, each in its mode.
 	raw, code := cli(t, c, "status", "-o", "json")
-	var nodes []struct {
-		Name string
-		Mode string
-		GPUs []struct {
-			MemoryUsedMiB int64
-			Pods          []string
+	var status struct {
+		Nodes []struct {
+			Name string
+			Mode string
+			GPUs []struct {
+				MemoryUsedMiB int64
+				Pods          []string
+			}
 		}
 	}
-	if err := json.Unmarshal([]byte(raw), &nodes); err != nil || code != 0 {
+	if err := json.Unmarshal([]byte(raw), &status); err != nil || code != 0 {
 		t.Fatalf("gpuslice status -o json (exit %d): %v\n%s", code, err, raw)
 	}
 	used := map[string]int64{}
-	for _, n := range nodes {
+	for _, n := range status.Nodes {
 		for _, g := range n.GPUs {
 			used[n.Name+" "+n.Mode] += g.MemoryUsedMiB
 		}
