@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -16,7 +17,7 @@ import (
 // draDevice is one GPU as the DRA driver publishes it.
 func draDevice(index int64, uuid string, tainted bool) resourcev1.Device {
 	d := resourcev1.Device{
-		Name: "gpu-" + string(rune('0'+index)),
+		Name: "gpu-" + strconv.FormatInt(index, 10),
 		Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
 			"uuid": {StringValue: ptr.To(uuid)}, "model": {StringValue: ptr.To("A100-80GB")}, "index": {IntValue: ptr.To(index)},
 		},
