@@ -266,7 +266,7 @@ func (c *Cluster) waitWebhookCalled(ctx context.Context, p *Process, what string
 func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
 	fail := admissionregistrationv1.Fail
 	// With --dra the webhook creates claim templates, never on a dry run.
-	none := admissionregistrationv1.SideEffectClassNoneOnDryRun
+	effects := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	timeout := int32(10)
 	return &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfigName},
@@ -274,7 +274,7 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 			Name:                    "pods.gpuslice.io",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caBundle},
 			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             &none,
+			SideEffects:             &effects,
 			FailurePolicy:           &fail,
 			TimeoutSeconds:          &timeout,
 			Rules: []admissionregistrationv1.RuleWithOperations{{
