@@ -33,11 +33,12 @@ const (
 const mebibyte = 1 << 20
 
 // loadDRA reads the driver's ResourceSlices and every allocated ResourceClaim. A cluster that
-// does not serve resource.k8s.io/v1 has neither.
+// does not serve resource.k8s.io/v1, or a caller who may not list ResourceSlices, gets neither:
+// DRA-mode nodes are then left out, as before DRA mode existed.
 func (s *Snapshot) loadDRA(ctx context.Context, client kubernetes.Interface) error {
 	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourcev1.ResourceSliceSelectorDriver + "=" + DRADriverName})
 	switch {
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
 		return nil
 	case err != nil:
 		return fmt.Errorf("list ResourceSlices of driver %s: %w", DRADriverName, err)
