@@ -112,6 +112,10 @@ bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through ku
 demo: cluster build ## Start a 2-node fake-GPU cluster with sample pods, print kubectl gpuslice status and the KUBECONFIG (root).
 	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) up
 
+.PHONY: demo-dra
+demo-dra: cluster build ## make demo plus a third node in DRA mode, where the webhook turns two hami.io pods into claims (root).
+	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) --dra up
+
 .PHONY: demo-down
 demo-down: ## Stop the demo cluster; leaves no process, mount or file.
 	cd test && go run ./cmd/gpuslice-demo down

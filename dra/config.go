@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -60,6 +61,9 @@ type Config struct {
 	Enforcement handoff.EnforcementConfig `json:"enforcement"`
 	// MPSDir is the host folder of the MPS daemons' pipes.
 	MPSDir string `json:"mpsDir"`
+	// HealthAddress is the host:port of the probe endpoints (/healthz,
+	// /readyz: Driver.Ready); empty serves none.
+	HealthAddress string `json:"healthAddress,omitempty"`
 }
 
 // DefaultConfig returns the defaults; NodeName stays empty.
@@ -97,8 +101,18 @@ func (c Config) Validate() error {
 			return vgpu.InvalidField(name, dir, "must be an absolute path")
 		}
 	}
+	if port, ok := configfile.Port(c.HealthAddress); c.HealthAddress != "" && (!ok || port < 1) {
+		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8091"`)
+	}
 	if !handoff.ValidEnforcement(c.Enforcement.Enforcement) {
 		return vgpu.InvalidField("enforcement", c.Enforcement.Enforcement, "must be auto, driver, hami-core, mps or none")
 	}
 	return nil
+}
+
+// LoadConfigFile reads a YAML or JSON file of Config fields over base:
+// fields the file leaves out keep base's values. Unknown fields are errors.
+// It does not validate the result.
+func LoadConfigFile(path string, base Config) (Config, error) {
+	return configfile.Load(path, base)
 }

@@ -58,6 +58,7 @@ type Driver struct {
 	unhealthySince map[string]metav1.Time
 	builder        *handoff.Builder
 	helper         *kubeletplugin.Helper
+	published      bool // a ResourceSlice was handed to the helper
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -190,6 +191,9 @@ func (d *Driver) publish(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("publish ResourceSlice: %w", err)
 	}
+	d.mu.Lock()
+	d.published = true
+	d.mu.Unlock()
 	if d.opts.Published != nil {
 		d.opts.Published(devices)
 	}

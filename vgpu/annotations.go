@@ -37,6 +37,14 @@ const (
 	// and a node affinity the webhook adds admit a node only while it is
 	// "true" and its heartbeat Lease is fresh. Missing means "false".
 	LabelGPUReady = "hami.io/gpu.ready"
+	// LabelNodeMode is on the Nodes of a DRA-mode pool, value NodeModeDRA:
+	// the chart runs the DRA driver there and keeps the device plugin off
+	// (dra.nodeSelector). A pod written with hami.io/* resources that
+	// selects it in spec.nodeSelector is turned into a resource claim by the
+	// webhook; one that selects another value is never turned.
+	LabelNodeMode = "gpuslice.hami.io/mode"
+	// NodeModeDRA is LabelNodeMode's value on DRA-mode nodes.
+	NodeModeDRA = "dra"
 	// AnnotationPluginHeartbeat is on the device plugin's heartbeat Lease
 	// (coordination.k8s.io/v1, name HeartbeatLeaseName(node), namespace
 	// DefaultHeartbeatNamespace unless configured). The plugin writes it

@@ -33,6 +33,9 @@ type Config struct {
 	// resource. The webhook's match condition must then also send pods
 	// with nvidia.com/ names (HAMiCompatMatchConditions).
 	HAMiCompat bool `json:"hamiCompat,omitempty"`
+	// DRA turns GPU pods bound for DRA-mode node pools into resource
+	// claims (docs/dra.md). Off by default.
+	DRA DRAConfig `json:"dra,omitempty"`
 }
 
 // DefaultConfig returns the configuration used when nothing is set: the
@@ -60,6 +63,20 @@ func (c Config) Validate() error {
 		if len(validation.IsDNS1123Label(ns)) > 0 {
 			errs = append(errs, vgpu.InvalidField("excludedNamespaces", ns, "each entry must be a namespace name (lower-case letters, digits and '-', at most 63)"))
 		}
+	}
+	if c.DRA.DeviceClassName != "" && len(validation.IsDNS1123Subdomain(c.DRA.DeviceClassName)) > 0 {
+		errs = append(errs, vgpu.InvalidField("dra.deviceClassName", c.DRA.DeviceClassName, "must be a DeviceClass name (DNS subdomain), e.g. "+DefaultDRADeviceClass))
+	}
+	for _, ns := range c.DRA.Namespaces {
+		switch {
+		case ns == "*" && len(c.DRA.Namespaces) > 1:
+			errs = append(errs, vgpu.InvalidField("dra.namespaces", ns, `"*" (every namespace) must be the only entry`))
+		case ns != "*" && len(validation.IsDNS1123Label(ns)) > 0:
+			errs = append(errs, vgpu.InvalidField("dra.namespaces", ns, `each entry must be a namespace name (lower-case letters, digits and '-', at most 63) or "*" alone`))
+		}
+	}
+	if len(c.DRA.Namespaces) > 0 && !c.DRA.Enabled {
+		errs = append(errs, vgpu.InvalidField("dra.namespaces", strings.Join(c.DRA.Namespaces, ","), "needs dra.enabled: true"))
 	}
 	return errors.Join(errs...)
 }

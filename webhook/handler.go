@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,13 +79,34 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newRouter(cfg, func() error { return nil }, m), nil
+	return newRouter(cfg, nil, func() error { return nil }, m), nil
 }
+
+// NewHandlerWithTemplates is NewHandler whose pods converted to claims
+// (Config.DRA) get their template from templates, which must be set when
+// cfg.DRA.Enabled.
+func NewHandlerWithTemplates(cfg Config, templates Templates) (http.Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	if cfg.DRA.Enabled && templates == nil {
+		return nil, ErrNoTemplates
+	}
+	m, err := newMetrics()
+	if err != nil {
+		return nil, err
+	}
+	return newRouter(cfg, templates, func() error { return nil }, m), nil
+}
+
+// ErrNoTemplates is returned when DRA conversion is on and nothing can
+// create the claim templates (no API client).
+var ErrNoTemplates = errors.New("webhook: dra.enabled needs a Kubernetes client to create ResourceClaimTemplates")
 
 // newRouter returns the routes of NewHandler for a valid cfg, with ready as
 // the readiness check and m as the metrics.
-func newRouter(cfg Config, ready func() error, m *metrics) *mux.Router {
-	h := &handler{cfg: cfg, metrics: m}
+func newRouter(cfg Config, templates Templates, ready func() error, m *metrics) *mux.Router {
+	h := &handler{cfg: cfg, templates: templates, metrics: m}
 	r := mux.NewRouter()
 	r.HandleFunc(MutatePath, h.serveMutate).Methods(http.MethodPost)
 	probe.Routes(r, ready, m.handler)
@@ -93,8 +115,9 @@ func newRouter(cfg Config, ready func() error, m *metrics) *mux.Router {
 
 // handler serves MutatePath; it holds no mutable state but its metrics.
 type handler struct {
-	cfg     Config
-	metrics *metrics
+	cfg       Config
+	templates Templates // nil unless cfg.DRA.Enabled
+	metrics   *metrics
 }
 
 // serveMutate decodes an AdmissionReview, decides and encodes the answer.
@@ -110,7 +133,7 @@ func (h *handler) serveMutate(w http.ResponseWriter, r *http.Request) {
 	}
 	req := review.Request
 	logger = logger.WithValues("uid", req.UID, "namespace", req.Namespace, "name", req.Name, "operation", req.Operation)
-	resp, reason := h.review(req)
+	resp, reason := h.review(r.Context(), req)
 	defer func() { h.metrics.admitted(reason, time.Since(start)) }()
 	switch {
 	case !resp.Allowed:
@@ -172,7 +195,7 @@ func decodeReview(w http.ResponseWriter, r *http.Request) (*admissionv1.Admissio
 
 // review returns the response to req, which has a UID, and the reason for
 // the metrics.
-func (h *handler) review(req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, AdmissionReason) {
+func (h *handler) review(ctx context.Context, req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, AdmissionReason) {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Kind.Group != corev1.GroupName || req.Kind.Version != "v1" || req.Kind.Kind != "Pod" ||
 		req.SubResource != "" || req.Operation != admissionv1.Create {
@@ -207,6 +230,14 @@ func (h *handler) review(req *admissionv1.AdmissionRequest) (*admissionv1.Admiss
 		return resp, ReasonNotGPUPod
 	case len(res.Patch) == 0:
 		return resp, ReasonGPUPodUnchanged
+	case res.Template != nil && (req.DryRun == nil || !*req.DryRun):
+		// sideEffects NoneOnDryRun: a dry run creates nothing.
+		if h.templates == nil {
+			return denied(resp, http.StatusInternalServerError, "gpuslice webhook: "+ErrNoTemplates.Error()), ReasonInternalError
+		}
+		if err := h.templates.Ensure(ctx, res.Template); err != nil {
+			return denied(resp, http.StatusInternalServerError, "gpuslice webhook: the pod's claim template: "+err.Error()), ReasonInternalError
+		}
 	}
 	patch, err := json.Marshal(res.Patch)
 	if err != nil { // Not expected: the values are strings and string maps.

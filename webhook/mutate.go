@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -37,6 +38,10 @@ type Result struct {
 	// Skipped is true when Mutate left the pod alone because it is not a
 	// GPU pod or its namespace is excluded; Allowed is then true.
 	Skipped bool
+	// Template, set when the pod is turned into a resource claim
+	// (Config.DRA), is the ResourceClaimTemplate the patched pod names; it
+	// must exist before the pod is admitted (Templates.Ensure).
+	Template *resourcev1.ResourceClaimTemplate
 }
 
 // Mutate decides what the webhook does with pod at creation. pod.Namespace
@@ -59,6 +64,17 @@ type Result struct {
 //     GPU resources in a regular (non-restartable) init container, and any
 //     error of vgpu.RequestFromPod on the pod with the defaults below
 //     applied;
+//   - a valid GPU pod that cfg.DRA wants (it selects vgpu.LabelNodeMode=dra
+//     in spec.nodeSelector, or its namespace is in cfg.DRA.Namespaces and
+//     it selects no other mode) is allowed with a patch that adds the pod
+//     claim DRAClaimName, made from Result.Template (one request per GPU
+//     container, named after it: count = hami.io/gpu, capacity memory and
+//     cores from hami.io/gpumem and hami.io/gpucores, model and UUID
+//     annotations as CEL selectors), removes every hami.io/* resource and
+//     gives each GPU container the claim's request of its name; the
+//     scheduler name is left alone (the stock scheduler allocates claims).
+//     hami.io/gpumem-percentage other than 100, the enforcement
+//     annotation and a pod claim already named DRAClaimName are denied;
 //   - else it is allowed with a patch that sets spec.schedulerName to
 //     cfg.SchedulerName when it is empty or corev1.DefaultSchedulerName, adds
 //     vgpu.ResourceGPU "1" to limits (and to requests, when they hold a
@@ -120,11 +136,20 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 	for i := range defaulted.Spec.Containers {
 		ops = append(ops, containerDefaults(&defaulted.Spec.Containers[i], "containers", i)...)
 	}
-	if _, err := vgpu.RequestFromPod(defaulted); err != nil {
+	req, err := vgpu.RequestFromPod(defaulted)
+	if err != nil {
 		problems = append(problems, flatten(err)...)
 	}
 	if len(problems) > 0 {
 		return deny(problems)
+	}
+	if cfg.DRA.wants(pod) {
+		cons, _ := vgpu.ConstraintsFromPod(pod) // checked above
+		tmpl, draOps, errs := draConvert(pod, req, cons, cfg.DRA)
+		if len(errs) > 0 {
+			return deny(errs)
+		}
+		return Result{Patch: append(renames, draOps...), Allowed: true, Template: tmpl}
 	}
 	return Result{Patch: ops, Allowed: true}
 }

@@ -38,9 +38,10 @@ const (
 // is outside its validity period. GET MetricsPath serves the Server's
 // metrics, one registry for every listener it serves on.
 type Server struct {
-	cfg     ServerConfig
-	keyPair *keypair.Files
-	metrics *metrics
+	cfg       ServerConfig
+	templates Templates
+	keyPair   *keypair.Files
+	metrics   *metrics
 }
 
 // NewServer validates cfg, loads its certificate once and creates the
@@ -49,8 +50,18 @@ type Server struct {
 // unreadable certificate or key file, or a certificate that does not match
 // its key, included.
 func NewServer(cfg ServerConfig) (*Server, error) {
+	return NewServerWithTemplates(cfg, nil)
+}
+
+// NewServerWithTemplates is NewServer whose pods converted to claims
+// (Config.DRA) get their template from templates; it returns
+// ErrNoTemplates when cfg.DRA.Enabled and templates is nil.
+func NewServerWithTemplates(cfg ServerConfig, templates Templates) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	if cfg.DRA.Enabled && templates == nil {
+		return nil, ErrNoTemplates
 	}
 	keyPair, err := keypair.Load(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
@@ -60,7 +71,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, keyPair: keyPair, metrics: m}, nil
+	return &Server{cfg: cfg, templates: templates, keyPair: keyPair, metrics: m}, nil
 }
 
 // Run listens on ServerConfig.Address and serves until ctx is done; see
@@ -82,7 +93,7 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	logger := klog.FromContext(ctx)
 	srv := &http.Server{
-		Handler: newRouter(s.cfg.Config, func() error { return s.keyPair.Ready(logger, time.Now()) }, s.metrics),
+		Handler: newRouter(s.cfg.Config, s.templates, func() error { return s.keyPair.Ready(logger, time.Now()) }, s.metrics),
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {

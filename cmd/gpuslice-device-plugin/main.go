@@ -9,8 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,6 +20,7 @@ import (
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/internal/kubeclient"
+	"github.com/gpuslice/gpuslice/internal/probe"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -94,7 +93,7 @@ func run(args []string) int {
 	}()
 
 	if cfg.HealthAddress != "" {
-		stopProbes, err := serveProbes(ctx, cfg.HealthAddress, plugin.ProbeHandler())
+		stopProbes, err := probe.Serve(ctx, cfg.HealthAddress, plugin.ProbeHandler())
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 			return 1
@@ -119,21 +118,6 @@ func reportNoDriver(ctx context.Context, client deviceplugin.API, node string, c
 	if err := deviceplugin.ReportStartFailure(ctx, client, node, vgpu.ReasonDriverNotFound, cause.Error(), time.Now()); err != nil {
 		fmt.Fprintf(os.Stderr, "gpuslice-device-plugin: could not set the node condition: %v\n", err)
 	}
-}
-
-// serveProbes listens on addr and serves h until the returned stop is called.
-func serveProbes(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("probe endpoints: %w", err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Probe endpoints stopped")
-		}
-	}()
-	return func() { _ = srv.Close() }, nil
 }
 
 // parseFlags builds the Config: defaults, then the --config file, then the

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuslice/gpuslice/dra"
 	"github.com/gpuslice/gpuslice/internal/configfile"
 	"github.com/gpuslice/gpuslice/internal/kubeclient"
+	"github.com/gpuslice/gpuslice/internal/probe"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -85,6 +86,14 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
+	if cfg.HealthAddress != "" {
+		stopProbes, err := probe.Serve(ctx, cfg.HealthAddress, driver.ProbeHandler())
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+			return 1
+		}
+		defer stopProbes()
+	}
 	logger.Info("Starting", "version", version, "driver", cfg.DriverName, "node", cfg.NodeName, "fakeGPUs", cfg.FakeGPUs)
 	if err := driver.Run(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -118,6 +127,7 @@ func parseFlags(name string, args []string) (dra.Config, flags, error) {
 	fs.StringVar(&fl.fakeFaultsDir, "fake-gpu-faults-dir", "", "with --fake-gpus: folder to take injected faults from (docs/health.md); empty takes none")
 	fs.StringVar(&cfg.Enforcement.HostLibVGPU, "host-libvgpu", cfg.Enforcement.HostLibVGPU, "host path of HAMi-core's libvgpu.so to preload in GPU containers (default: none)")
 	fs.StringVar(&cfg.Enforcement.Enforcement, "enforcement", cfg.Enforcement.Enforcement, "enforcement mechanism: auto, driver, hami-core, mps or none")
+	fs.StringVar(&cfg.HealthAddress, "health-address", cfg.HealthAddress, "host:port of /readyz (registered with the kubelet, ResourceSlice handed over) and /healthz; empty serves none")
 	fs.StringVar(&cfg.MPSDir, "mps-dir", cfg.MPSDir, "host folder of the MPS daemons' pipes")
 	if err := configfile.Parse(fs, args, &cfg, dra.DefaultConfig(), configFile); err != nil {
 		return cfg, fl, err

@@ -15,9 +15,11 @@ import (
 	"strings"
 	"syscall"
 
+	resourcev1client "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/internal/configfile"
+	"github.com/gpuslice/gpuslice/internal/kubeclient"
 	"github.com/gpuslice/gpuslice/webhook"
 )
 
@@ -37,14 +39,26 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "; "))
 		return code
 	}
-	cfg, err := parseFlags(name, args)
+	cfg, kubeconfig, err := parseFlags(name, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
 		return fail(2, err)
 	}
-	server, err := webhook.NewServer(cfg)
+	var templates webhook.Templates
+	if cfg.DRA.Enabled {
+		rc, err := kubeclient.Config(kubeconfig, name+"/"+version)
+		if err != nil {
+			return fail(2, err)
+		}
+		client, err := resourcev1client.NewForConfig(rc)
+		if err != nil {
+			return fail(2, err)
+		}
+		templates = webhook.ClientTemplates{Client: client}
+	}
+	server, err := webhook.NewServerWithTemplates(cfg, templates)
 	if err != nil {
 		return fail(2, err)
 	}
@@ -65,8 +79,9 @@ func run(args []string) int {
 // then the flags given on the command line. Flags are bound to the config
 // itself; when a file is read, the flags that were set are applied again on
 // top of it.
-func parseFlags(name string, args []string) (webhook.ServerConfig, error) {
+func parseFlags(name string, args []string) (webhook.ServerConfig, string, error) {
 	cfg := webhook.DefaultServerConfig()
+	var kubeconfig string
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	klog.InitFlags(fs)
 	configFile := fs.String("config", "", "YAML or JSON file with the webhook configuration; flags given on the command line override it")
@@ -76,8 +91,11 @@ func parseFlags(name string, args []string) (webhook.ServerConfig, error) {
 	fs.StringVar(&cfg.SchedulerName, "scheduler-name", cfg.SchedulerName, "scheduler profile GPU pods are steered to (the one that calls the gpuslice extender)")
 	fs.Var((*configfile.List)(&cfg.ExcludedNamespaces), "excluded-namespaces", "comma-separated namespaces whose pods are left alone (empty: none)")
 	fs.BoolVar(&cfg.HAMiCompat, "hami-compat", cfg.HAMiCompat, "rewrite HAMi's resource names (nvidia.com/gpu, …) and pod annotations to gpuslice's (docs/migrating-from-hami.md)")
+	fs.BoolVar(&cfg.DRA.Enabled, "dra", cfg.DRA.Enabled, "turn GPU pods bound for DRA-mode nodes into resource claims (docs/dra.md); needs an API client")
+	fs.Var((*configfile.List)(&cfg.DRA.Namespaces), "dra-namespaces", `comma-separated namespaces whose GPU pods all become claims ("*": every namespace); other pods only when they select gpuslice.hami.io/mode=dra`)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for creating the claim templates of converted pods (default: in-cluster; used only with dra)")
 	if err := configfile.Parse(fs, args, &cfg, webhook.DefaultServerConfig(), configFile); err != nil {
-		return cfg, err
+		return cfg, kubeconfig, err
 	}
-	return cfg, cfg.Validate()
+	return cfg, kubeconfig, cfg.Validate()
 }

@@ -162,7 +162,7 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("address: 127.0.0.1:8443\ntlsCertFile: /file/tls.crt\ntlsKeyFile: /file/tls.key\nschedulerName: from-file\nexcludedNamespaces: [a]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := parseFlags("test", []string{"--tls-key-file=/flag/tls.key", "--config=" + file, "--excluded-namespaces=kube-system, gpuslice"})
+	cfg, _, err := parseFlags("test", []string{"--tls-key-file=/flag/tls.key", "--config=" + file, "--excluded-namespaces=kube-system, gpuslice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 		t.Errorf("config (-want +got):\n%s", diff)
 	}
 
-	cfg, err = parseFlags("test", []string{"--tls-cert-file=c", "--tls-key-file=k", "--excluded-namespaces="})
+	cfg, _, err = parseFlags("test", []string{"--tls-cert-file=c", "--tls-key-file=k", "--excluded-namespaces="})
 	if err != nil {
 		t.Fatal(err)
 	}

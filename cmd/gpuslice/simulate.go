@@ -65,19 +65,20 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 		errs = append(errs, fmt.Errorf("--seeds=%d: must be at least 1", cfg.seeds))
 	}
 	cfg.parallel = max(cfg.parallel, 1)
+	known := append(simulate.Policies(), simulate.PolicyDRA)
 	if *policy == "all" {
-		cfg.policies = simulate.Policies()
+		cfg.policies = known
 	}
 	for name := range strings.SplitSeq(*policy, ",") {
 		if *policy == "all" {
 			break
 		}
-		i := slices.Index(simulate.Policies(), simulate.Policy(name))
+		i := slices.Index(known, simulate.Policy(name))
 		if i < 0 {
 			errs = append(errs, fmt.Errorf("--policy=%q: must be all or a comma-separated list of %s", *policy, policyNames()))
 			break
 		}
-		cfg.policies = append(cfg.policies, simulate.Policies()[i])
+		cfg.policies = append(cfg.policies, known[i])
 	}
 	if cfg.expected == "" && cfg.trace != "" {
 		guess := filepath.Join(filepath.Dir(cfg.trace), "simulator-expected-results", "analysis_allo_discrete.csv")
@@ -90,7 +91,7 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 
 func policyNames() string {
 	var names []string
-	for _, p := range simulate.Policies() {
+	for _, p := range append(simulate.Policies(), simulate.PolicyDRA) {
 		names = append(names, string(p))
 	}
 	return strings.Join(names, ", ")

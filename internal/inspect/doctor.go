@@ -63,7 +63,11 @@ func Doctor(s *Snapshot, nodes []string) (Report, error) {
 			Fix:     "install the chart (helm install gpuslice charts/gpuslice -n gpuslice-system --create-namespace) and label the GPU nodes so devicePlugin.nodeSelector (default nvidia.com/gpu.present=true) selects them"})
 	}
 	for _, n := range targets {
-		for _, c := range s.nodeChecks(n) {
+		checks := s.nodeChecks
+		if s.IsDRANode(n) {
+			checks = s.draNodeChecks
+		}
+		for _, c := range checks(n) {
 			c.Node = n.Name
 			r.add(c)
 		}
@@ -89,7 +93,7 @@ func (s *Snapshot) doctorNodes(names []string) ([]*corev1.Node, error) {
 	var out []*corev1.Node
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
-		if (len(names) == 0 && (IsGPUNode(n) || s.pluginPod(n.Name) != nil)) || slices.Contains(names, n.Name) {
+		if (len(names) == 0 && (IsGPUNode(n) || s.IsDRANode(n) || s.pluginPod(n.Name) != nil)) || slices.Contains(names, n.Name) {
 			out = append(out, n)
 		}
 	}

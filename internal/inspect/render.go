@@ -142,7 +142,10 @@ func RenderStatus(w io.Writer, nodes []NodeStatus, f Format, st Style) error {
 			mem := st.paint(level(g.MemoryUsedMiB, g.MemoryMiB), bar(g.MemoryUsedMiB, g.MemoryMiB)) + fmt.Sprintf(" %d/%d MiB", g.MemoryUsedMiB, g.MemoryMiB)
 			cores := fmt.Sprintf("%d/%d%%", g.CoresUsedPercent, g.CoresPercent)
 			slices := fmt.Sprintf("%d/%d", g.Slices, g.SplitCount)
-			if g.Exclusive {
+			switch {
+			case n.Mode == ModeDRA:
+				slices = draSummary(g)
+			case g.Exclusive:
 				slices = "whole"
 			}
 			pods := strings.Join(g.Pods, ",")

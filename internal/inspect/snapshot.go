@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,6 +51,12 @@ type Snapshot struct {
 	// Pods are every Pod that asks for a GPU or carries an allocation,
 	// and, for Doctor, the device plugin's pods.
 	Pods []corev1.Pod
+
+	// ResourceSlices are those of the gpuslice DRA driver (DRADriverName)
+	// and ResourceClaims every allocated claim: the DRA-mode nodes' GPUs
+	// and what pods hold on them.
+	ResourceSlices []resourcev1.ResourceSlice
+	ResourceClaims []resourcev1.ResourceClaim
 
 	// DaemonSets and Deployments are the chart's (LabelPartOf=PartOf).
 	DaemonSets  []appsv1.DaemonSet
@@ -141,6 +148,9 @@ func Load(ctx context.Context, client kubernetes.Interface, opts LoadOptions) (*
 		}
 	}
 	slices.SortFunc(s.Pods, func(a, b corev1.Pod) int { return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	if err := s.loadDRA(ctx, client); err != nil {
+		return nil, err
+	}
 	if opts.Doctor || opts.SchedulerConfig {
 		cms, err := client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: LabelPartOf + "=" + PartOf + "," + LabelComponent + "=" + ComponentScheduler})
 		if err != nil {

@@ -13,6 +13,10 @@ import (
 type NodeStatus struct {
 	// Name is the Node's name.
 	Name string `json:"name"`
+	// Mode is ModeDevicePlugin or ModeDRA (the gpuslice DRA driver
+	// publishes a ResourceSlice for it; Ready is then whether it lists a
+	// GPU, Allocatable and SplitCount are 0, and Slices count allocations).
+	Mode string `json:"mode"`
 	// Ready is the node's vgpu.LabelGPUReady, false when missing.
 	Ready bool `json:"ready"`
 	// Allocatable is the Node's allocatable vgpu.ResourceGPU (devices).
@@ -64,13 +68,18 @@ func Status(s *Snapshot, node string) ([]NodeStatus, error) {
 	var out []NodeStatus
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
-		if (node != "" && n.Name != node) || !IsGPUNode(n) {
+		if node != "" && n.Name != node {
 			continue
 		}
-		out = append(out, nodeStatus(n, placed[n.Name]))
+		switch {
+		case s.IsDRANode(n):
+			out = append(out, s.draNodeStatus(n))
+		case IsGPUNode(n):
+			out = append(out, nodeStatus(n, placed[n.Name]))
+		}
 	}
 	if node != "" && len(out) == 0 {
-		return nil, fmt.Errorf("--node=%s: no such GPU node (one with %s, label %s or %s capacity)", node, vgpu.AnnotationNodeInventory, vgpu.LabelGPUReady, vgpu.ResourceGPU)
+		return nil, fmt.Errorf("--node=%s: no such GPU node (one with %s, label %s, %s capacity or a ResourceSlice of %s)", node, vgpu.AnnotationNodeInventory, vgpu.LabelGPUReady, vgpu.ResourceGPU, DRADriverName)
 	}
 	return out, nil
 }
@@ -119,7 +128,7 @@ func usageOf(pods []placedPod, skip string) *vgpu.NodeUsage {
 
 func nodeStatus(n *corev1.Node, pods []placedPod) NodeStatus {
 	alloc := n.Status.Allocatable[vgpu.ResourceGPU]
-	ns := NodeStatus{Name: n.Name, Allocatable: alloc.Value(), GPUs: []GPUStatus{}}
+	ns := NodeStatus{Name: n.Name, Mode: ModeDevicePlugin, Allocatable: alloc.Value(), GPUs: []GPUStatus{}}
 	ns.Ready, _ = vgpu.ParseReadyLabel(n.Labels[vgpu.LabelGPUReady])
 	inv, err := inventoryOf(n)
 	if err != nil {

@@ -123,7 +123,7 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []NodeStatus{{Name: "gpu-a", Ready: true, Allocatable: 8, SplitCount: 4, GPUs: []GPUStatus{
+	want := []NodeStatus{{Name: "gpu-a", Mode: ModeDevicePlugin, Ready: true, Allocatable: 8, SplitCount: 4, GPUs: []GPUStatus{
 		{Index: 0, UUID: "GPU-a0", Model: "NVIDIA A100-SXM4-80GB", Health: vgpu.Healthy, MemoryUsedMiB: 51200, MemoryMiB: 81920,
 			CoresUsedPercent: 70, CoresPercent: 100, Slices: 2, SplitCount: 4, Pods: []string{"default/infer", "default/train"}},
 		// The whole-GPU pod counts; the finished pod and the one whose allocation names another node do not.

@@ -4,10 +4,16 @@
 package probe
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/gorilla/mux"
+	"k8s.io/klog/v2"
 )
 
 // Paths of the routes Routes adds.
@@ -40,4 +46,21 @@ func Routes(r *mux.Router, ready func() error, metrics http.Handler) {
 		}
 		Text(w, http.StatusOK, "ok")
 	}).Methods(http.MethodGet, http.MethodHead)
+}
+
+// Serve listens on addr (host:port) and serves h over plain HTTP until the
+// returned stop is called; a failure after the listen is logged with ctx's
+// logger. The error is the listen's.
+func Serve(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("probe endpoints: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Probe endpoints stopped")
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/dra"
 	"github.com/gpuslice/gpuslice/extender"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/webhook"
@@ -71,6 +72,8 @@ func checkComponentConfigs(t *testing.T, r rendered) {
 		switch binary {
 		case "gpuslice-device-plugin":
 			checkDevicePluginConfig(t, f)
+		case "gpuslice-dra-plugin":
+			checkDRAPluginConfig(t, f)
 		case "gpuslice-scheduler":
 			got.extender = checkExtenderConfig(t, f)
 		case "gpuslice-webhook":
@@ -210,6 +213,28 @@ func checkDevicePluginConfig(t *testing.T, f configFile) {
 	}
 }
 
+// checkDRAPluginConfig loads the DRA driver's file as the binary does and checks that its host
+// folders are mounted and its probe port declared.
+func checkDRAPluginConfig(t *testing.T, f configFile) {
+	cfg, err := dra.LoadConfigFile(f.write(t), dra.DefaultConfig())
+	if err != nil {
+		t.Errorf("%s: ConfigMap %s key %s: %v", f.ref, f.configMap, f.key, err)
+		return
+	}
+	cfg.NodeName = "gpu-node-1" // from the NODE_NAME environment variable in the pod
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("%s: ConfigMap %s key %s: %v", f.ref, f.configMap, f.key, err)
+	}
+	if cfg.DriverName != dra.DefaultDriverName {
+		t.Errorf("%s: driverName %q, want %q: the DeviceClass and the webhook's claims name it", f.ref, cfg.DriverName, dra.DefaultDriverName)
+	}
+	checkPort(t, f, "healthAddress", cfg.HealthAddress, "health")
+	checkHostFolder(t, f, "registrarDir", cfg.RegistrarDir)
+	checkHostFolder(t, f, "pluginDir", cfg.PluginDir)
+	checkHostFolder(t, f, "stateDir", cfg.StateDir)
+	checkHostFolder(t, f, "cdiSpecDir", cfg.CDISpecDir)
+}
+
 func checkExtenderConfig(t *testing.T, f configFile) *extender.Config {
 	cfg, err := extender.LoadConfigFile(f.write(t), extender.DefaultConfig())
 	if err != nil {
@@ -312,8 +337,8 @@ func checkCrossComponent(t *testing.T, r rendered, got loadedComponents) {
 			daemonSets++
 		}
 	}
-	if n := got.binaries["gpuslice-device-plugin"]; n != daemonSets {
-		t.Errorf("%d device-plugin containers for %d DaemonSets", n, daemonSets)
+	if n := got.binaries["gpuslice-device-plugin"] + got.binaries["gpuslice-dra-plugin"]; n != daemonSets {
+		t.Errorf("%d device-plugin and DRA driver containers for %d DaemonSets", n, daemonSets)
 	}
 	if s, x := got.binaries["kube-scheduler"], got.binaries["gpuslice-scheduler"]; s != x {
 		t.Errorf("%d kube-scheduler containers and %d extender containers; they run together", s, x)

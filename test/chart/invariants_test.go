@@ -22,7 +22,7 @@ import (
 // clusterScoped are the cluster-scoped kinds the chart renders.
 func clusterScoped(kind string) bool {
 	switch kind {
-	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+	case "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass":
 		return true
 	}
 	return false
@@ -68,7 +68,7 @@ func checkLabels(t *testing.T, meta chartMeta, r rendered) {
 		"app.kubernetes.io/managed-by": "Helm",
 		"app.kubernetes.io/part-of":    "gpuslice",
 	}
-	components := []string{"device-plugin", "scheduler", "webhook", "monitoring"}
+	components := []string{"device-plugin", "dra-plugin", "scheduler", "webhook", "monitoring"}
 	for _, o := range r.objs {
 		got := o.u.GetLabels()
 		for _, k := range sortedKeys(want) {
@@ -249,9 +249,25 @@ func webhookHAMiCompat(t *testing.T, r rendered) bool {
 	return false
 }
 
+// webhookDRA reports whether the rendered webhook configuration turns pods into claims.
+func webhookDRA(t *testing.T, r rendered) bool {
+	t.Helper()
+	for _, cm := range all[*corev1.ConfigMap](r) {
+		if data, ok := cm.Data["webhook.yaml"]; ok {
+			var cfg webhook.ServerConfig
+			if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+				t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
+			}
+			return cfg.DRA.Enabled
+		}
+	}
+	return false
+}
+
 // checkWebhookConfigurations checks every mutating webhook: it never sees kube-system or the
 // release namespace, is sent only the pods webhook.MatchConditions selects (with
-// webhook.hamiCompat, webhook.HAMiCompatMatchConditions), calls a rendered Service on a port it exposes, has no side effects, a
+// webhook.hamiCompat, webhook.HAMiCompatMatchConditions), calls a rendered Service on a port it exposes, has no side effects (none on a dry run with
+// DRA conversion), a
 // timeout the API server accepts, and a CA (a caBundle, or cert-manager's injection).
 func checkWebhookConfigurations(t *testing.T, r rendered) {
 	for _, mwc := range all[*admissionregistrationv1.MutatingWebhookConfiguration](r) {
@@ -271,8 +287,13 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 			if diff := cmp.Diff(want, wh.MatchConditions); diff != "" {
 				t.Errorf("%s: matchConditions differ from %s (-want +got):\n%s", ref, wantName, diff)
 			}
-			if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
-				t.Errorf("%s: sideEffects %v, want None", ref, wh.SideEffects)
+			// With DRA conversion the webhook creates claim templates, never on a dry run.
+			wantEffects := admissionregistrationv1.SideEffectClassNone
+			if webhookDRA(t, r) {
+				wantEffects = admissionregistrationv1.SideEffectClassNoneOnDryRun
+			}
+			if wh.SideEffects == nil || *wh.SideEffects != wantEffects {
+				t.Errorf("%s: sideEffects %v, want %s", ref, ptrString((*string)(wh.SideEffects)), wantEffects)
 			}
 			if wh.TimeoutSeconds == nil {
 				t.Errorf("%s: no timeoutSeconds (the API server's default is 10)", ref)

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -69,6 +70,8 @@ func typedKind(apiVersion, kind string) (any, error) {
 		return &admissionregistrationv1.ValidatingAdmissionPolicy{}, nil
 	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
 		return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, nil
+	case "resource.k8s.io/v1 DeviceClass":
+		return &resourcev1.DeviceClass{}, nil
 	case "cert-manager.io/v1 Issuer", "cert-manager.io/v1 Certificate", "monitoring.coreos.com/v1 ServiceMonitor", "monitoring.coreos.com/v1 PrometheusRule":
 		return nil, nil
 	}

@@ -49,6 +49,22 @@ func TestChartRejectsBadValues(t *testing.T) {
 		values: "devicePlugin: {nodeConfigs: [{name: a100}, {name: t4}, {name: a100}]}",
 		want:   []string{"devicePlugin.nodeConfigs[2].name=a100: already used by devicePlugin.nodeConfigs[0]"},
 	}, {
+		name:   "dra nodeSelector dropped",
+		values: "dra: {enabled: true, nodeSelector: null}",
+		want:   []string{"/dra", "missing property 'nodeSelector'"},
+	}, {
+		name:   "dra nodeSelector emptied",
+		values: "dra: {enabled: true, nodeSelector: {gpuslice.hami.io/mode: null}}",
+		want:   []string{"/dra/nodeSelector", "minProperties"},
+	}, {
+		name:   "dra modelClasses reuse the driver's class",
+		values: "dra: {modelClasses: [{name: gpuslice.hami.io, model: A100-80GB}]}",
+		want:   []string{"/dra/modelClasses/0/name", "'not' failed"},
+	}, {
+		name:   "dra modelClasses without a model",
+		values: "dra: {modelClasses: [{name: a100}]}",
+		want:   []string{"/dra/modelClasses/0", "missing property 'model'"},
+	}, {
 		name:   "unknown nodePolicy",
 		values: "scheduler: {extender: {nodePolicy: tight}}",
 		want:   []string{"/scheduler/extender/nodePolicy", "value must be one of 'binpack', 'spread', 'fragmentation'"},

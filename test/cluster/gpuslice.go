@@ -213,6 +213,8 @@ func (c *Cluster) startWebhook(ctx context.Context, extraArgs []string) error {
 		"--tls-cert-file=" + certFile,
 		"--tls-key-file=" + keyFile,
 		"--scheduler-name=" + SchedulerName,
+		// Used only with --dra: the claim templates of converted pods.
+		"--kubeconfig=" + c.State.Kubeconfig,
 		"--v=2",
 	}, extraArgs...)
 	p, err := c.start(WebhookName, c.State.WebhookPath, args, dir)
@@ -263,7 +265,8 @@ func (c *Cluster) waitWebhookCalled(ctx context.Context, p *Process, what string
 // kube-system that ask for hami.io resources or carry hami.io annotations to url.
 func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
 	fail := admissionregistrationv1.Fail
-	none := admissionregistrationv1.SideEffectClassNone
+	// With --dra the webhook creates claim templates, never on a dry run.
+	effects := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	timeout := int32(10)
 	return &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfigName},
@@ -271,7 +274,7 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 			Name:                    "pods.gpuslice.io",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caBundle},
 			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             &none,
+			SideEffects:             &effects,
 			FailurePolicy:           &fail,
 			TimeoutSeconds:          &timeout,
 			Rules: []admissionregistrationv1.RuleWithOperations{{

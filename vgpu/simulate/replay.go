@@ -156,6 +156,9 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	if cfg.SplitCount == 0 {
 		cfg.SplitCount = DefaultSplitCount
 	}
+	if cfg.Policy == PolicyDRA {
+		return replayDRA(nodes, tasks, cfg)
+	}
 	opts := vgpu.FitOptions{NodePolicy: vgpu.Policy(cfg.Policy), GPUPolicy: vgpu.Policy(cfg.Policy)}
 	switch cfg.Policy {
 	case PolicyRandom:

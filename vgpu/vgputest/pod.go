@@ -54,6 +54,15 @@ func (b *PodBuilder) NodeName(node string) *PodBuilder {
 	return b
 }
 
+// NodeSelector sets one spec.nodeSelector label.
+func (b *PodBuilder) NodeSelector(key, value string) *PodBuilder {
+	if b.pod.Spec.NodeSelector == nil {
+		b.pod.Spec.NodeSelector = map[string]string{}
+	}
+	b.pod.Spec.NodeSelector[key] = value
+	return b
+}
+
 // Container adds an app container with image "busybox".
 func (b *PodBuilder) Container(name string) *PodBuilder {
 	b.pod.Spec.Containers = append(b.pod.Spec.Containers, corev1.Container{Name: name, Image: "busybox"})

@@ -115,6 +115,19 @@ excludedNamespaces: {{ include "gpuslice.webhookExcludedNamespaces" . }}
 {{- if .Values.webhook.hamiCompat }}
 hamiCompat: true
 {{- end }}
+{{- if include "gpuslice.webhookDRA" . }}
+dra:
+  enabled: true
+  deviceClassName: {{ include "gpuslice.draDriverName" . }}
+  {{- with .Values.dra.webhook.namespaces }}
+  namespaces: {{ toJson . }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* "true" when the webhook turns hami.io pods bound for the DRA pool into claims, else empty. */}}
+{{- define "gpuslice.webhookDRA" -}}
+{{- if and .Values.webhook.enabled .Values.dra.enabled .Values.dra.webhook.enabled }}true{{ end -}}
 {{- end -}}
 
 {{/* Namespaces the webhook never sees, as a JSON list: the configured ones and the release's own. */}}
@@ -135,3 +148,8 @@ hamiCompat: true
 {{- end }}
 {{- toJson $out -}}
 {{- end -}}
+
+{{- define "gpuslice.draPluginName" -}}{{ include "gpuslice.fullname" . }}-dra-plugin{{- end -}}
+
+{{/* The DRA driver's name: its ResourceSlices' driver and its DeviceClass (dra.DefaultDriverName). */}}
+{{- define "gpuslice.draDriverName" -}}gpuslice.hami.io{{- end -}}

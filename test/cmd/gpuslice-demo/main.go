@@ -27,6 +27,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("dir", filepath.Join(os.TempDir(), "gpuslice-demo"), "the cluster's folder (short: unix socket paths live under it)")
 	binDir := fs.String("bin-dir", "", "folder of the hack/build-cluster.sh binaries (default: _output/cluster/bin above the working directory)")
 	cliDir := fs.String("cli-dir", "", "folder with kubectl-gpuslice (make build's _output/bin); when set, up ends by printing kubectl gpuslice status")
+	dra := fs.Bool("dra", false, "up: add a third node in DRA mode (gpuslice-dra-plugin, gpuslice.hami.io/mode=dra) and two hami.io pods the webhook turns into claims there")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: %s [flags] up|down\n", name)
 		fs.PrintDefaults()
@@ -53,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		err = up(ctx, stdout, *dir, *binDir, *cliDir)
+		err = up(ctx, stdout, *dir, *binDir, *cliDir, *dra)
 	case "down":
 		began := time.Now()
 		if err = cluster.Down(statePath); err == nil {

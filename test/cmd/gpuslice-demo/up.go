@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -24,12 +25,19 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// demoNodes returns the demo's simulated GPU nodes.
-func demoNodes() []cluster.NodeOptions {
-	return []cluster.NodeOptions{
+// draNodeLabel is the label of the demo's DRA-mode node, as the chart's dra.nodeSelector.
+var draNodeLabel = map[string]string{vgpu.LabelNodeMode: vgpu.NodeModeDRA}
+
+// demoNodes returns the demo's simulated GPU nodes; with dra, a third node in DRA mode.
+func demoNodes(dra bool) []cluster.NodeOptions {
+	nodes := []cluster.NodeOptions{
 		{Name: "gpu-a100", FakeGPUs: "8xA100-80GB"},
 		{Name: "gpu-mixed", FakeGPUs: "4xT4-16GB,2xL4-24GB"},
 	}
+	if dra {
+		nodes = append(nodes, cluster.NodeOptions{Name: "gpu-dra", FakeGPUs: "2xA100-80GB", DRA: true, Labels: draNodeLabel})
+	}
+	return nodes
 }
 
 // samplePod is one of the demo's pods: its name, GPU memory (MiB), compute percent, GPU model
@@ -40,11 +48,18 @@ type samplePod struct {
 	cores     int64
 	model     string
 	wholeGPUs int64
+	// dra makes the pod select the DRA-mode node: the webhook turns it into a claim.
+	dra bool
 }
 
 // samplePods returns the demo's pods: slices of several sizes that share GPUs, one pinned to a
 // model, and one whole-GPU pod beside them.
-func samplePods() []samplePod {
+func samplePods(dra bool) []samplePod {
+	if dra {
+		return append(samplePods(false),
+			samplePod{name: "dra-train-0", memoryMiB: 40960, cores: 50, dra: true},
+			samplePod{name: "dra-infer-0", memoryMiB: 10240, cores: 20, model: "A100", dra: true})
+	}
 	return []samplePod{
 		{name: "train-0", memoryMiB: 40960, cores: 50},
 		{name: "train-1", memoryMiB: 40960, cores: 50},
@@ -59,7 +74,7 @@ func samplePods() []samplePod {
 
 // up starts the cluster in dir, creates the sample pods, waits for them to run and prints a table,
 // then "kubectl gpuslice status" when cliDir holds kubectl-gpuslice (make build).
-func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string) error {
+func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string, dra bool) error {
 	statePath := filepath.Join(dir, "state.json")
 	if _, err := os.Stat(statePath); err == nil {
 		return fmt.Errorf("a demo cluster is already up (%s): run \"gpuslice-demo down\" first", statePath)
@@ -67,16 +82,27 @@ func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string) error {
 		return fmt.Errorf("check for a running demo: %w", err)
 	}
 	began := time.Now()
-	fmt.Fprintf(out, "starting etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler and %d GPU nodes in %s ...\n", len(demoNodes()), dir)
-	c, err := cluster.Start(ctx, cluster.Options{Dir: dir, BinDir: binDir, Nodes: demoNodes()})
+	fmt.Fprintf(out, "starting etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler and %d GPU nodes in %s ...\n", len(demoNodes(dra)), dir)
+	opts := cluster.Options{Dir: dir, BinDir: binDir, Nodes: demoNodes(dra)}
+	if dra {
+		// The resourceclaim controller makes the claims; the webhook turns the pods that select
+		// the DRA node into claims.
+		opts.ControllerManager, opts.WebhookArgs = true, []string{"--dra"}
+	}
+	c, err := cluster.Start(ctx, opts)
 	if err != nil {
 		return err
+	}
+	if dra {
+		if err := createDeviceClass(ctx, c); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(out, "cluster ready in %v\n\n", time.Since(began).Round(100*time.Millisecond))
 	if err := printNodes(ctx, out, c); err != nil {
 		return err
 	}
-	if err := runSamplePods(ctx, c); err != nil {
+	if err := runSamplePods(ctx, c, samplePods(dra)); err != nil {
 		return fmt.Errorf("%w\n(the cluster is still up: \"gpuslice-demo down\" stops it)\n%s", err, c.LogTails(20))
 	}
 	if err := printPods(ctx, out, c); err != nil {
@@ -106,12 +132,16 @@ func printNodes(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tGPUS\thami.io/gpu CAPACITY\tALLOCATABLE\tREADY LABEL")
 	for _, n := range c.Nodes {
-		node, inv, err := c.NodeInventory(ctx, n.Name)
+		gpus, err := nodeGPUs(ctx, c, n)
+		if err != nil {
+			return err
+		}
+		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		models := map[string]int{}
-		for _, g := range inv.GPUs {
+		for _, g := range gpus {
 			models[g.Model]++
 		}
 		var parts []string
@@ -119,6 +149,10 @@ func printNodes(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 			parts = append(parts, fmt.Sprintf("%d× %s", k, m))
 		}
 		sort.Strings(parts)
+		if n.DRA {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, strings.Join(parts, ", "), "- (DRA: ResourceSlice)", "-", "-")
+			continue
+		}
 		capQ, allocQ := node.Status.Capacity[cluster.ResourceGPU], node.Status.Allocatable[cluster.ResourceGPU]
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, strings.Join(parts, ", "), capQ.String(), allocQ.String(), node.Labels[cluster.LabelGPUReady])
 	}
@@ -148,13 +182,16 @@ func (sp samplePod) pod() *corev1.Pod {
 	if sp.model != "" {
 		p.Annotations = map[string]string{vgpu.AnnotationGPUModel: sp.model}
 	}
+	if sp.dra {
+		p.Spec.NodeSelector = draNodeLabel
+	}
 	return p
 }
 
 // runSamplePods creates the sample pods and waits until all are Running.
-func runSamplePods(ctx context.Context, c *cluster.Cluster) error {
+func runSamplePods(ctx context.Context, c *cluster.Cluster, samples []samplePod) error {
 	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
-	for _, sp := range samplePods() {
+	for _, sp := range samples {
 		if _, err := pods.Create(ctx, sp.pod(), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create pod %s: %w", sp.name, err)
 		}
@@ -170,7 +207,7 @@ func runSamplePods(ctx context.Context, c *cluster.Cluster) error {
 				running++
 			}
 		}
-		return running == len(samplePods()), nil
+		return running == len(samples), nil
 	})
 	if err != nil {
 		return fmt.Errorf("wait for the sample pods to run: %w", err)
@@ -192,12 +229,12 @@ func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	var gpus []vgpu.GPU
 	gpuNode := map[string]string{}
 	for _, n := range c.Nodes {
-		_, inv, err := c.NodeInventory(ctx, n.Name)
+		nodeGPUList, err := nodeGPUs(ctx, c, n)
 		if err != nil {
 			return err
 		}
 		byUUID := map[string]vgpu.GPU{}
-		for _, g := range inv.GPUs {
+		for _, g := range nodeGPUList {
 			byUUID[g.UUID] = g
 			gpus = append(gpus, g)
 			gpuNode[g.UUID] = n.Name
@@ -248,7 +285,8 @@ func printPods(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 		return fmt.Errorf("print GPUs: %w", err)
 	}
 	fmt.Fprintln(out, "\nLimits are what the container runtime received: the CDI spec the device plugin wrote for each")
-	fmt.Fprintln(out, "container at its start (HAMi-core compatible env). Several pods share one GPU; nothing runs.")
+	fmt.Fprintln(out, "container at its start (HAMi-core compatible env), or on a DRA-mode node the DRA driver wrote for")
+	fmt.Fprintln(out, "the pod's claim. Several pods share one GPU; nothing runs.")
 	return nil
 }
 
@@ -264,6 +302,52 @@ func printStatus(ctx context.Context, out io.Writer, kubectl, kubeconfig, cliDir
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("kubectl gpuslice status: %w", err)
+	}
+	return nil
+}
+
+// nodeGPUs returns n's GPUs: the device plugin's inventory, or on a DRA-mode node the devices of
+// its ResourceSlices (uuid, model and index attributes, memory capacity in bytes).
+func nodeGPUs(ctx context.Context, c *cluster.Cluster, n *cluster.Node) ([]vgpu.GPU, error) {
+	if !n.DRA {
+		_, inv, err := c.NodeInventory(ctx, n.Name)
+		return inv.GPUs, err
+	}
+	slices, err := n.ResourceSlices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []vgpu.GPU
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			g := vgpu.GPU{}
+			if a := d.Attributes["uuid"].StringValue; a != nil {
+				g.UUID = *a
+			}
+			if a := d.Attributes["model"].StringValue; a != nil {
+				g.Model = *a
+			}
+			if a := d.Attributes["index"].IntValue; a != nil {
+				g.Index = int(*a)
+			}
+			mem := d.Capacity["memory"].Value
+			g.SchedulableMemoryMiB = mem.Value() >> 20
+			out = append(out, g)
+		}
+	}
+	return out, nil
+}
+
+// createDeviceClass creates the DeviceClass of gpuslice's DRA driver, as the chart does.
+func createDeviceClass(ctx context.Context, c *cluster.Cluster) error {
+	dc := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: cluster.DRADriverName},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + cluster.DRADriverName + `"`},
+		}}},
+	}
+	if _, err := c.Client().ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create DeviceClass %s: %w", dc.Name, err)
 	}
 	return nil
 }

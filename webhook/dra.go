@@ -1,0 +1,228 @@
+package webhook
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/vgpu"
+)
+
+// DRA conversion: a pod written with hami.io/* resources, bound for a DRA-mode node pool, gets
+// one pod-level claim (DRAClaimName) made from a ResourceClaimTemplate with one request per GPU
+// container; its hami.io/* resources are removed. The template's name is a hash of its spec, so
+// pods that ask for the same slices share one template per namespace (the resourceclaim
+// controller still makes one claim per pod) and creating it again is a no-op.
+const (
+	// DRAClaimName is the name of the pod claim the webhook adds.
+	DRAClaimName = "gpuslice"
+	// DRATemplatePrefix starts the names of the templates the webhook makes.
+	DRATemplatePrefix = "gpuslice-"
+	// DefaultDRADeviceClass is the default DRAConfig.DeviceClassName, the class the chart installs.
+	DefaultDRADeviceClass = "gpuslice.hami.io"
+	// draAttributeDomain qualifies the attributes the driver publishes (its driver name).
+	draAttributeDomain = "gpuslice.hami.io"
+	// LabelDRATemplate marks the templates the webhook makes, value "true".
+	LabelDRATemplate = "gpuslice.hami.io/webhook-template"
+)
+
+// DRAConfig says which GPU pods become resource claims and how.
+type DRAConfig struct {
+	// Enabled turns the conversion on. Off, pods are never converted, even
+	// those that select vgpu.LabelNodeMode=dra.
+	Enabled bool `json:"enabled,omitempty"`
+	// Namespaces are namespaces whose GPU pods are converted unless they
+	// select another vgpu.LabelNodeMode value; "*" alone means every
+	// namespace. Empty: only pods whose spec.nodeSelector has
+	// vgpu.LabelNodeMode=dra are.
+	Namespaces []string `json:"namespaces,omitempty"`
+	// DeviceClassName is the DeviceClass the requests name; empty means
+	// DefaultDRADeviceClass.
+	DeviceClassName string `json:"deviceClassName,omitempty"`
+}
+
+// deviceClass returns the class the requests name.
+func (c DRAConfig) deviceClass() string {
+	if c.DeviceClassName == "" {
+		return DefaultDRADeviceClass
+	}
+	return c.DeviceClassName
+}
+
+// wants reports whether pod, in namespace ns, is converted.
+func (c DRAConfig) wants(pod *corev1.Pod) bool {
+	if !c.Enabled {
+		return false
+	}
+	if mode, ok := pod.Spec.NodeSelector[vgpu.LabelNodeMode]; ok {
+		return mode == vgpu.NodeModeDRA
+	}
+	return slices.Contains(c.Namespaces, "*") || slices.Contains(c.Namespaces, pod.Namespace)
+}
+
+// draRequest turns one container's request into a device request; the
+// request is named after the container (a DNS label, as request names must be).
+func draRequest(c vgpu.ContainerRequest, class string, cons vgpu.Constraints) (resourcev1.DeviceRequest, []error) {
+	var errs []error
+	kind := "containers"
+	if c.Init {
+		kind = "initContainers"
+	}
+	req := map[resourcev1.QualifiedName]resource.Quantity{}
+	switch {
+	case c.Exclusive:
+		// The whole GPU: all its memory (the request policy's default) and all its cores.
+		req["cores"] = *resource.NewQuantity(100, resource.DecimalSI)
+	case c.MemoryMiB > 0:
+		req["memory"] = *resource.NewQuantity(c.MemoryMiB<<20, resource.BinarySI)
+	case c.MemoryPercent != 0 && c.MemoryPercent != 100:
+		errs = append(errs, &vgpu.RequestError{Container: c.Name, Init: c.Init, Resource: string(vgpu.ResourceMemoryPercentage), Value: strconv.Itoa(c.MemoryPercent),
+			Allowed: "is not served on DRA-mode nodes, whose claims ask for memory in bytes: use " + string(vgpu.ResourceMemory) + " (MiB) in " + kind + " " + c.Name})
+	}
+	if c.CoresPercent > 0 && !c.Exclusive {
+		req["cores"] = *resource.NewQuantity(int64(c.CoresPercent), resource.DecimalSI)
+	}
+	exact := &resourcev1.ExactDeviceRequest{
+		DeviceClassName: class,
+		AllocationMode:  resourcev1.DeviceAllocationModeExactCount,
+		Count:           int64(c.GPUs),
+		Selectors:       draSelectors(cons),
+	}
+	if len(req) > 0 {
+		exact.Capacity = &resourcev1.CapacityRequirements{Requests: req}
+	}
+	return resourcev1.DeviceRequest{Name: c.Name, Exactly: exact}, errs
+}
+
+// draSelectors turns the model and UUID annotations into CEL selectors
+// with vgpu's meaning: a model matches when it contains one of the
+// substrings, compared case-insensitively.
+func draSelectors(c vgpu.Constraints) []resourcev1.DeviceSelector {
+	attr := func(name string) string { return fmt.Sprintf("device.attributes[%q].%s", draAttributeDomain, name) }
+	model := attr("model") + ".lowerAscii()"
+	contains := func(models []string) string {
+		parts := make([]string, 0, len(models))
+		for _, m := range models {
+			parts = append(parts, fmt.Sprintf("%s.contains(%q)", model, strings.ToLower(m)))
+		}
+		return strings.Join(parts, " || ")
+	}
+	quoted := func(list []string) string {
+		b, _ := json.Marshal(list) // a JSON list of strings is a CEL list literal
+		return string(b)
+	}
+	var exprs []string
+	if len(c.Models) > 0 {
+		exprs = append(exprs, contains(c.Models))
+	}
+	if len(c.ExcludeModels) > 0 {
+		exprs = append(exprs, "!("+contains(c.ExcludeModels)+")")
+	}
+	if len(c.UUIDs) > 0 {
+		exprs = append(exprs, attr("uuid")+" in "+quoted(c.UUIDs))
+	}
+	if len(c.ExcludeUUIDs) > 0 {
+		exprs = append(exprs, "!("+attr("uuid")+" in "+quoted(c.ExcludeUUIDs)+")")
+	}
+	out := make([]resourcev1.DeviceSelector, 0, len(exprs))
+	for _, e := range exprs {
+		out = append(out, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
+	}
+	return out
+}
+
+// draConvert returns the template and the patch that turn pod (its
+// defaults applied, requests valid) into a pod with a claim, or the
+// problems that prevent it.
+func draConvert(pod *corev1.Pod, req vgpu.PodRequest, cons vgpu.Constraints, cfg DRAConfig) (*resourcev1.ResourceClaimTemplate, []JSONPatchOp, []error) {
+	var errs []error
+	if cons.Enforcement != (vgpu.EnforcementRequirement{}) {
+		errs = append(errs, fmt.Errorf("annotation %s: is not served on DRA-mode nodes (the DRA driver publishes no enforcement attribute yet); remove it, or select a device-plugin pool with nodeSelector %s", vgpu.AnnotationEnforcement, vgpu.LabelNodeMode))
+	}
+	for _, rc := range pod.Spec.ResourceClaims {
+		if rc.Name == DRAClaimName {
+			errs = append(errs, fmt.Errorf("spec.resourceClaims[name=%q]: the name is the claim gpuslice adds for the pod's hami.io resources; rename the pod's own claim", DRAClaimName))
+		}
+	}
+	spec := resourcev1.ResourceClaimSpec{}
+	for _, c := range req.Containers {
+		r, rerrs := draRequest(c, cfg.deviceClass(), cons)
+		errs = append(errs, rerrs...)
+		spec.Devices.Requests = append(spec.Devices.Requests, r)
+		if cons.NUMABind && c.GPUs > 1 {
+			spec.Devices.Constraints = append(spec.Devices.Constraints, resourcev1.DeviceConstraint{
+				Requests: []string{c.Name}, MatchAttribute: ptrTo(resourcev1.FullyQualifiedName(draAttributeDomain + "/numaNode")),
+			})
+		}
+	}
+	if len(errs) > 0 {
+		return nil, nil, errs
+	}
+	raw, err := json.Marshal(spec)
+	if err != nil { // Not expected: the spec is plain data.
+		return nil, nil, []error{fmt.Errorf("encode the claim template: %w", err)}
+	}
+	sum := sha256.Sum256(raw)
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		TypeMeta: metav1.TypeMeta{APIVersion: resourcev1.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: DRATemplatePrefix + hex.EncodeToString(sum[:8]), Namespace: pod.Namespace,
+			Labels: map[string]string{LabelDRATemplate: "true"},
+		},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: spec},
+	}
+
+	claim := corev1.PodResourceClaim{Name: DRAClaimName, ResourceClaimTemplateName: &tmpl.Name}
+	var ops []JSONPatchOp
+	if len(pod.Spec.ResourceClaims) == 0 {
+		ops = append(ops, JSONPatchOp{Op: "add", Path: pointer("spec", "resourceClaims"), Value: []corev1.PodResourceClaim{claim}})
+	} else {
+		ops = append(ops, JSONPatchOp{Op: "add", Path: pointer("spec", "resourceClaims", "-"), Value: claim})
+	}
+	for i := range pod.Spec.InitContainers {
+		ops = append(ops, draContainer(&pod.Spec.InitContainers[i], "initContainers", i)...)
+	}
+	for i := range pod.Spec.Containers {
+		ops = append(ops, draContainer(&pod.Spec.Containers[i], "containers", i)...)
+	}
+	return tmpl, ops, nil
+}
+
+// draContainer returns the ops that remove c's vgpu resources (limits,
+// then requests, in vgpu.Resources order) and give it the pod claim's
+// request named after it; none for a container without vgpu resources.
+func draContainer(c *corev1.Container, field string, index int) []JSONPatchOp {
+	if !hasAny(c.Resources.Limits, vgpu.Resources()) && !hasAny(c.Resources.Requests, vgpu.Resources()) {
+		return nil
+	}
+	base := []string{"spec", field, strconv.Itoa(index), "resources"}
+	var ops []JSONPatchOp
+	for _, l := range []struct {
+		name string
+		list corev1.ResourceList
+	}{{"limits", c.Resources.Limits}, {"requests", c.Resources.Requests}} {
+		for _, name := range vgpu.Resources() {
+			if _, ok := l.list[name]; ok {
+				ops = append(ops, JSONPatchOp{Op: "remove", Path: pointer(slices.Concat(base, []string{l.name, string(name)})...)})
+			}
+		}
+	}
+	ref := corev1.ResourceClaim{Name: DRAClaimName, Request: c.Name}
+	if len(c.Resources.Claims) == 0 {
+		ops = append(ops, JSONPatchOp{Op: "add", Path: pointer(slices.Concat(base, []string{"claims"})...), Value: []corev1.ResourceClaim{ref}})
+	} else {
+		ops = append(ops, JSONPatchOp{Op: "add", Path: pointer(slices.Concat(base, []string{"claims", "-"})...), Value: ref})
+	}
+	return ops
+}
+
+func ptrTo[T any](v T) *T { return &v }
