@@ -10,8 +10,8 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 GO_LDFLAGS := -X main.version=$(VERSION)
 # grpcnotrace drops gRPC's tracing package, which keeps html/template and so
 # every exported method in the binaries: the device plugin runs in about 29
-# MiB instead of 34 (docs/architecture.md). The Dockerfile, hack/build-cluster.sh
-# and the e2e tests build with the same tag.
+# MiB instead of 34 (docs/architecture.md). make image, hack/build-cluster.sh and
+# the e2e tests build with the same tag.
 GO_TAGS    := grpcnotrace
 # go-nvml needs cgo; its headers warn about deprecated declarations.
 export CGO_ENABLED := 1
@@ -22,9 +22,11 @@ MODULES    := . test
 FUZZ_PKGS   := ./vgpu ./extender ./webhook ./deviceplugin
 # Packages with golden files (tests named *Golden*, flag -update).
 GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/ ./internal/inspect/
-# make image: one image with every binary (Dockerfile); needs docker or podman.
-IMAGE            ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
-CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+# make image: one image with every binary, assembled by test/image from the built binaries and
+# the distribution's libc6 (no container engine); push _output/image/gpuslice.tar with any OCI
+# tool, e.g. crane push or skopeo copy oci-archive:...
+IMAGE          ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
+IMAGE_BINARIES := gpuslice-device-plugin gpuslice-scheduler gpuslice-webhook gpuslice
 
 .PHONY: help
 help: ## List the targets.
@@ -50,9 +52,11 @@ krew: ## Build the kubectl-gpuslice archives for krew and their manifest into _o
 	@echo "install locally: kubectl krew install --manifest=$(OUT)/krew/gpuslice.yaml --archive=$(OUT)/krew/kubectl-gpuslice_$(VERSION)_linux_amd64.tar.gz"
 
 .PHONY: image
-image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no docker or podman found; build the Dockerfile on a machine with a container engine" >&2; exit 1; }
-	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+image: ## Build the gpuslice image (IMAGE=...) and the local cluster's pause and shell images as OCI archives in _output/image, without a container engine.
+	rm -rf $(OUT)/image/bin && mkdir -p $(OUT)/image/bin
+	go build -trimpath -tags $(GO_TAGS) -ldflags "-s -w $(GO_LDFLAGS)" -o $(OUT)/image/bin/ $(addprefix ./cmd/,$(IMAGE_BINARIES))
+	cd test && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o ../$(OUT)/image/bin/ ./cmd/gpuslice-pause
+	cd test && go run ./cmd/gpuslice-image --bin-dir ../$(OUT)/image/bin --pause ../$(OUT)/image/bin/gpuslice-pause --name $(IMAGE) --version $(VERSION) --out ../$(OUT)/image
 
 .PHONY: cluster
 cluster: ## Build the local cluster's binaries into _output/cluster/bin (first time ~10 min on 2 cores, then seconds).

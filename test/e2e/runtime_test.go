@@ -1,0 +1,364 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/fakecri"
+	"github.com/gpuslice/gpuslice/test/image"
+)
+
+// runtimeImageRepo and runtimeImageTag name the gpuslice image the real-runtime tests build and
+// the chart deploys.
+const (
+	runtimeImageRepo = "localhost/gpuslice/gpuslice"
+	runtimeImageTag  = "e2e"
+)
+
+// runtimeChartValues: every node labelled gpuslice.io/test-gpu runs the chart's device plugin, as a
+// real container of the gpuslice image, with two fake A100s split four ways (8 slices per node).
+// The NVIDIA CDI folder is the plugin's own, so that nothing is created in the host's /etc.
+const runtimeChartValues = `devicePlugin:
+  fakeGPUs: 2xA100-80GB
+  splitCount: 4
+  nvidiaCDISpecDir: /var/run/cdi
+  nodeSelector:
+    nvidia.com/gpu.present: null
+    gpuslice.io/test-gpu: "true"
+image:
+  repository: ` + runtimeImageRepo + `
+  tag: ` + runtimeImageTag + `
+  pullPolicy: Never
+scheduler:
+  kubeScheduler:
+    tag: v1.37.2
+`
+
+// requireRuntime skips t where the real runtime is not installed (hack/install-runtime.sh), or
+// fails it when CI=true, and returns the runtime's folder.
+func requireRuntime(t *testing.T) string {
+	t.Helper()
+	requireHost(t)
+	dir, err := cluster.FindRuntimeDir()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("e2e: %v (CI=true: not skipping)", err)
+		}
+		t.Skipf("e2e: %v", err)
+	}
+	return dir
+}
+
+// buildRuntimeImages builds the gpuslice image from the binaries TestMain built, and the pause and
+// shell images, with make image's recipe (test/cmd/gpuslice-image, run as its own process: under
+// -race the compression takes minutes), into a folder of the test.
+func buildRuntimeImages(t *testing.T) image.Archives {
+	t.Helper()
+	began := time.Now()
+	dir := t.TempDir()
+	pause := filepath.Join(dir, "gpuslice-pause")
+	tool := filepath.Join(dir, "gpuslice-image")
+	for _, b := range [][]string{{pause, "../cmd/gpuslice-pause"}, {tool, "../cmd/gpuslice-image"}} {
+		build := exec.Command("go", "build", "-trimpath", "-o", b[0], b[1]) //nolint:gosec // G204: this module's commands
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	cmd := exec.Command(tool, "--bin-dir", binDir, "--pause", pause, "--name", runtimeImageRepo+":"+runtimeImageTag, "--version", "e2e", "--out", dir) //nolint:gosec // G204: the tool just built
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gpuslice-image: %v\n%s", err, out)
+	}
+	t.Logf("images built in %v", time.Since(began).Round(time.Millisecond))
+	return image.Archives{Gpuslice: filepath.Join(dir, "gpuslice.tar"), Test: filepath.Join(dir, "test-images.tar")}
+}
+
+// shellSlicePod is slicePod with a container of the shell image that prints its environment and
+// mounts (cluster.PrintEnvAndMounts), for a real runtime.
+func shellSlicePod(name string, memMiB int64) *corev1.Pod {
+	p := slicePod(name, memMiB, 0)
+	p.Spec.Containers[0].Image = image.ShellName
+	p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+	p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", cluster.PrintEnvAndMounts}
+	return p
+}
+
+// runtimePods is how many GPU pods TestRealRuntimeSharing creates at once (16 slices between its
+// two nodes); GPUSLICE_RUNTIME_PODS overrides it.
+func runtimePods(t *testing.T) int {
+	if v := os.Getenv("GPUSLICE_RUNTIME_PODS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("GPUSLICE_RUNTIME_PODS=%q: want a positive integer", v)
+		}
+		return n
+	}
+	return 20
+}
+
+// TestRealRuntimeSharing is the sharing proof on real containers: two nodes run containerd and
+// runc; helm installs the chart, whose device-plugin DaemonSet runs as a container of the
+// gpuslice image built by make image's recipe; GPU pods of the shell image print what they got.
+// containerd itself resolves the CDI device the plugin wrote at container start: every Running
+// container's environment equals its own pod's allocation and every mount of its CDI spec is in
+// its mount table; no GPU holds more than its memory or slices; pods that do not fit stay Pending
+// naming memory or slices. Then a GPU container is killed and restarted by the kubelet (the
+// cached Allocate answer and a new PreStartContainer give it the same slice), and a kubelet is
+// restarted: the plugin re-registers, the running containers are left alone and a new pod gets
+// its own slice. Real: every Kubernetes component, containerd, runc, the chart, the images.
+// Fake: NVML. Not run as containers: the extender, webhook and kube-scheduler (see
+// docs/development.md).
+func TestRealRuntimeSharing(t *testing.T) {
+	rtDir := requireRuntime(t)
+	archives := buildRuntimeImages(t)
+	labels := map[string]string{"gpuslice.io/test-gpu": "true"}
+	opts := clusterOptions(
+		cluster.NodeOptions{Name: "node-1", Labels: labels},
+		cluster.NodeOptions{Name: "node-2", Labels: labels},
+	)
+	opts.Runtime = &cluster.RuntimeOptions{Dir: rtDir, Images: []string{archives.Gpuslice, archives.Test}}
+	opts.Chart = &cluster.ChartOptions{Dir: chartDir(t), ValuesFiles: []string{valuesFile(t, runtimeChartValues)}}
+	began := time.Now()
+	c := startClusterWith(t, opts)
+	ctx := context.Background()
+
+	// The device plugins are containers of the gpuslice image.
+	for _, n := range c.Nodes {
+		p, err := c.Client().CoreV1().Pods("gpuslice-system").Get(ctx, n.PluginPod, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("%s: plugin pod: %v", n.Name, err)
+		}
+		if len(p.Status.ContainerStatuses) == 0 || !strings.HasPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://") ||
+			p.Status.ContainerStatuses[0].Image != runtimeImageRepo+":"+runtimeImageTag {
+			t.Errorf("%s: plugin pod %s container statuses %+v, want a containerd container of %s:%s", n.Name, p.Name, p.Status.ContainerStatuses, runtimeImageRepo, runtimeImageTag)
+		}
+	}
+
+	sizes := []int64{8192, 16384, 24576, 40960}
+	var pods []*corev1.Pod
+	for i := range runtimePods(t) {
+		pods = append(pods, shellSlicePod(fmt.Sprintf("rt-%02d", i), sizes[i%len(sizes)]))
+	}
+	burst := time.Now()
+	createAll(t, c, pods)
+	out := waitSettled(t, c, "rt-", len(pods), 4*time.Minute)
+	waitReports(t, c, out.running)
+	t.Logf("%d pods: %d Running, %d Pending in %v", len(pods), len(out.running), len(out.pending), time.Since(burst).Round(time.Millisecond))
+	if len(out.running) == 0 {
+		t.Fatal("no pod is Running")
+	}
+	for _, b := range append(checkExact(t, c, out.running), checkCapacity(t, c, out.running)...) {
+		t.Error(b)
+	}
+	for _, b := range cdiMountMismatches(t, c, out.running) {
+		t.Error(b)
+	}
+	failed, err := failedScheduling(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range out.pending {
+		if msg := failed[p.UID]; !strings.Contains(msg, "memory") && !strings.Contains(msg, "slice") {
+			t.Errorf("%s Pending: FailedScheduling %q names neither memory nor slices", p.Name, msg)
+		}
+	}
+
+	// A container restart: the kubelet replays the cached Allocate answer, the plugin's
+	// PreStartContainer writes the CDI spec again, containerd resolves it again.
+	victim := out.running[0]
+	killContainer(t, c, &victim)
+	poll(t, time.Minute, victim.Name+" restarted and reported again", func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		records, err := c.LatestRecords()
+		if err != nil {
+			return false, err.Error()
+		}
+		r := records[cluster.RecordKey(p.UID, "main")]
+		return p.Status.ContainerStatuses[0].RestartCount >= 1 && r.Attempt >= 1, fmt.Sprintf("restarts %d, latest report attempt %d", p.Status.ContainerStatuses[0].RestartCount, r.Attempt)
+	})
+	for _, b := range checkExact(t, c, []corev1.Pod{victim}) {
+		t.Errorf("after the container restart: %s", b)
+	}
+
+	// A kubelet restart: the plugin, in its container, re-registers; nothing running restarts.
+	n := c.Nodes[0]
+	before := restartCounts(t, c)
+	if err := n.KillKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := n.StartKubelet(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitPluginReady(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.pending) > 0 {
+		// Free a slice on the restarted node so that a new pod can land there.
+		for _, p := range out.running {
+			if p.Spec.NodeName == n.Name && p.Name != victim.Name {
+				if err := c.Client().CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+					t.Fatal(err)
+				}
+				delete(before, p.Name)
+				break
+			}
+		}
+	}
+	fresh := shellSlicePod("rt-after-restart", 4096)
+	fresh.Spec.NodeSelector = map[string]string{corev1.LabelHostname: n.Name}
+	createAll(t, c, []*corev1.Pod{fresh})
+	after := waitSettled(t, c, "rt-after-restart", 1, 2*time.Minute)
+	if len(after.running) != 1 {
+		t.Fatalf("rt-after-restart not Running after the kubelet restart (pending %d)", len(after.pending))
+	}
+	waitReports(t, c, after.running)
+	for _, b := range checkExact(t, c, after.running) {
+		t.Errorf("after the kubelet restart: %s", b)
+	}
+	for name, restarts := range restartCounts(t, c) {
+		if want, ok := before[name]; ok && restarts != want {
+			t.Errorf("%s: %d restarts after the kubelet restart, want %d", name, restarts, want)
+		}
+	}
+	t.Logf("real-runtime scenario in %v", time.Since(began).Round(time.Millisecond))
+}
+
+// waitReports waits until every container of pods has printed its report (the pods are Running;
+// their log may lag a moment).
+func waitReports(t *testing.T, c *cluster.Cluster, pods []corev1.Pod) {
+	t.Helper()
+	poll(t, time.Minute, "a report of every running container", func(context.Context) (bool, string) {
+		records, err := c.LatestRecords()
+		if err != nil {
+			return false, err.Error()
+		}
+		missing := 0
+		for _, p := range pods {
+			if _, ok := records[cluster.RecordKey(p.UID, "main")]; !ok {
+				missing++
+			}
+		}
+		return missing == 0, fmt.Sprintf("%d of %d missing", missing, len(pods))
+	})
+}
+
+// cdiMountMismatches returns one line per mount of a running container's CDI spec (the plugin's
+// spec whose environment names that pod and container) that is missing from the mount table the
+// container printed, and one per container for which no spec is found.
+func cdiMountMismatches(t *testing.T, c *cluster.Cluster, pods []corev1.Pod) []string {
+	t.Helper()
+	records, err := c.LatestRecords()
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := map[string][]string{} // RecordKey -> container paths of the spec's mounts
+	for _, n := range c.Nodes {
+		files, err := filepath.Glob(filepath.Join(n.CDISpecDir(), "gpuslice.io-vgpu_*.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			var spec struct {
+				Devices []struct {
+					ContainerEdits struct {
+						Env    []string `json:"env"`
+						Mounts []struct {
+							ContainerPath string `json:"containerPath"`
+						} `json:"mounts"`
+					} `json:"containerEdits"`
+				} `json:"devices"`
+			}
+			b, err := os.ReadFile(f) //nolint:gosec // G304: a spec of the cluster's plugin
+			if err != nil || json.Unmarshal(b, &spec) != nil || len(spec.Devices) != 1 {
+				continue // replaced or removed meanwhile
+			}
+			env := map[string]string{}
+			for _, kv := range spec.Devices[0].ContainerEdits.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+			var paths []string
+			for _, m := range spec.Devices[0].ContainerEdits.Mounts {
+				paths = append(paths, m.ContainerPath)
+			}
+			specs[env["GPUSLICE_POD_UID"]+"/"+env["GPUSLICE_CONTAINER"]] = paths
+		}
+	}
+	var bad []string
+	for _, p := range pods {
+		key := cluster.RecordKey(p.UID, "main")
+		paths, ok := specs[key]
+		if !ok {
+			bad = append(bad, fmt.Sprintf("%s: no CDI spec of the plugin names it", p.Name))
+			continue
+		}
+		for _, want := range paths {
+			if !hasMount(records[key], want) {
+				bad = append(bad, fmt.Sprintf("%s: the CDI spec's mount %s is not in the container's mount table", p.Name, want))
+			}
+		}
+	}
+	return bad
+}
+
+// hasMount reports whether r's mount table has a mount at path.
+func hasMount(r fakecri.Record, path string) bool {
+	for _, m := range r.Mounts {
+		if m.ContainerPath == path {
+			return true
+		}
+	}
+	return false
+}
+
+// killContainer kills the process of p's container main with SIGKILL, as an out-of-memory kill
+// or a crash would, through runc's record of it.
+func killContainer(t *testing.T, c *cluster.Cluster, p *corev1.Pod) {
+	t.Helper()
+	cur, err := c.Client().CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	*p = *cur
+	pid, err := c.ContainerPID(p.Spec.NodeName, p.Status.ContainerStatuses[0].ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill container main of %s (pid %d): %v", p.Name, pid, err)
+	}
+}
+
+// restartCounts returns the restart count of container main of every pod of the default namespace.
+func restartCounts(t *testing.T, c *cluster.Cluster) map[string]int32 {
+	t.Helper()
+	list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int32{}
+	for _, p := range list.Items {
+		if p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) > 0 {
+			out[p.Name] = p.Status.ContainerStatuses[0].RestartCount
+		}
+	}
+	return out
+}
