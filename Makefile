@@ -30,7 +30,7 @@ IMAGE_BINARIES := gpuslice-device-plugin gpuslice-scheduler gpuslice-webhook gpu
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build the binaries into _output/bin, gpuslice also as kubectl-gpuslice (a kubectl plugin).
@@ -62,14 +62,25 @@ image: ## Build the gpuslice image (IMAGE=...) and the local cluster's pause and
 cluster: ## Build the local cluster's binaries into _output/cluster/bin (first time ~10 min on 2 cores, then seconds).
 	./hack/build-cluster.sh
 
+.PHONY: runtime
+runtime: ## Install the real runtime of the local cluster into _output/runtime: runc, busybox-static (apt-get), containerd v2.4.2 (first time ~4 min).
+	./hack/install-runtime.sh
+
 .PHONY: test
-test: cluster ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios and a 2-minute chaos soak on a local cluster, all with -race.
+test: cluster runtime ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios (one on containerd and runc) and a 2-minute chaos soak on a local cluster, all with -race.
 	go test -race -count=1 ./...
 	cd test && SOAK_MINUTES=2 go test -race -count=1 -timeout 25m ./...
 
 .PHONY: e2e
-e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
+e2e: cluster runtime ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
+
+# make e2e-runtime: GPU pods created at once in its sharing scenario (16 slices between 2 nodes).
+RUNTIME_PODS ?= 20
+
+.PHONY: e2e-runtime
+e2e-runtime: cluster runtime ## Only the real-runtime scenarios: the chart's image on containerd and runc, GPU pods printing env and mounts, container and kubelet restarts (root).
+	cd test && GPUSLICE_RUNTIME_PODS=$(RUNTIME_PODS) go test -race -count=1 -timeout 15m -v -run '^TestRealRuntime' ./e2e/
 
 # make gpu-check runs on machines with NVIDIA GPUs only; without a driver it stops at once.
 .PHONY: gpu-check
