@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
@@ -29,10 +30,11 @@ const (
 )
 
 // runtimeChartValues: every node labelled gpuslice.io/test-gpu runs the chart's device plugin, as a
-// real container of the gpuslice image, with two fake A100s split four ways (8 slices per node).
+// real container of the gpuslice image, with four fake A100s split four ways (16 slices per node,
+// as in TestSixtyPodsGetExactlyTheirOwnSlice).
 // The NVIDIA CDI folder is the plugin's own, so that nothing is created in the host's /etc.
 const runtimeChartValues = `devicePlugin:
-  fakeGPUs: 2xA100-80GB
+  fakeGPUs: 4xA100-80GB
   splitCount: 4
   nvidiaCDISpecDir: /var/run/cdi
   nodeSelector:
@@ -96,8 +98,9 @@ func shellSlicePod(name string, memMiB int64) *corev1.Pod {
 	return p
 }
 
-// runtimePods is how many GPU pods TestRealRuntimeSharing creates at once (16 slices between its
-// two nodes); GPUSLICE_RUNTIME_PODS overrides it.
+// runtimePods is how many GPU pods TestRealRuntimeSharing creates at once (32 slices between its
+// two nodes): 40 in make test, which keeps the real-runtime scenario near a minute;
+// GPUSLICE_RUNTIME_PODS overrides it (make e2e-runtime: 60, as the fake-runtime sharing proof).
 func runtimePods(t *testing.T) int {
 	if v := os.Getenv("GPUSLICE_RUNTIME_PODS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -106,7 +109,7 @@ func runtimePods(t *testing.T) int {
 		}
 		return n
 	}
-	return 20
+	return 40
 }
 
 // TestRealRuntimeSharing is the sharing proof on real containers: two nodes run containerd and
@@ -147,7 +150,7 @@ func TestRealRuntimeSharing(t *testing.T) {
 		}
 	}
 
-	sizes := []int64{8192, 16384, 24576, 40960}
+	sizes := []int64{4096, 8192, 12288, 16384, 24576, 40960}
 	var pods []*corev1.Pod
 	for i := range runtimePods(t) {
 		pods = append(pods, shellSlicePod(fmt.Sprintf("rt-%02d", i), sizes[i%len(sizes)]))
@@ -176,6 +179,11 @@ func TestRealRuntimeSharing(t *testing.T) {
 		}
 	}
 
+	// The Pending pods have made their point; gone, they take no slice freed below.
+	for _, p := range out.pending {
+		deletePod(t, c, p)
+	}
+
 	// A container restart: the kubelet replays the cached Allocate answer, the plugin's
 	// PreStartContainer writes the CDI spec again, containerd resolves it again.
 	victim := out.running[0]
@@ -196,9 +204,35 @@ func TestRealRuntimeSharing(t *testing.T) {
 		t.Errorf("after the container restart: %s", b)
 	}
 
+	// A restart of the plugin's own container: it registers again and serves a new pod.
+	pluginNode := c.Nodes[1]
+	pluginPod, err := c.Client().CoreV1().Pods("gpuslice-system").Get(ctx, pluginNode.PluginPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered := registrations(t, pluginNode)
+	killContainer(t, c, pluginPod)
+	poll(t, 2*time.Minute, pluginPod.Name+" restarted and Ready", func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods(pluginPod.Namespace).Get(ctx, pluginPod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		st := p.Status.ContainerStatuses[0]
+		return st.RestartCount >= 1 && st.Ready, fmt.Sprintf("restarts %d, ready %t", st.RestartCount, st.Ready)
+	})
+	poll(t, time.Minute, pluginNode.Name+"'s restarted plugin registered", func(context.Context) (bool, string) {
+		got := registrations(t, pluginNode)
+		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
+	})
+	if err := pluginNode.WaitPluginReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runFreshPod(t, c, pluginNode, "rt-after-plugin-restart", out)
+
 	// A kubelet restart: the plugin, in its container, re-registers; nothing running restarts.
 	n := c.Nodes[0]
 	before := restartCounts(t, c)
+	registered = registrations(t, n)
 	if err := n.KillKubelet(); err != nil {
 		t.Fatal(err)
 	}
@@ -207,38 +241,90 @@ func TestRealRuntimeSharing(t *testing.T) {
 	if err := n.StartKubelet(rctx); err != nil {
 		t.Fatal(err)
 	}
+	poll(t, time.Minute, n.Name+"'s plugin registered with the new kubelet", func(context.Context) (bool, string) {
+		got := registrations(t, n)
+		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
+	})
 	if err := n.WaitPluginReady(rctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(out.pending) > 0 {
-		// Free a slice on the restarted node so that a new pod can land there.
-		for _, p := range out.running {
-			if p.Spec.NodeName == n.Name && p.Name != victim.Name {
-				if err := c.Client().CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
-					t.Fatal(err)
-				}
-				delete(before, p.Name)
-				break
-			}
-		}
-	}
-	fresh := shellSlicePod("rt-after-restart", 4096)
-	fresh.Spec.NodeSelector = map[string]string{corev1.LabelHostname: n.Name}
-	createAll(t, c, []*corev1.Pod{fresh})
-	after := waitSettled(t, c, "rt-after-restart", 1, 2*time.Minute)
-	if len(after.running) != 1 {
-		t.Fatalf("rt-after-restart not Running after the kubelet restart (pending %d)", len(after.pending))
-	}
-	waitReports(t, c, after.running)
-	for _, b := range checkExact(t, c, after.running) {
-		t.Errorf("after the kubelet restart: %s", b)
-	}
+	runFreshPod(t, c, n, "rt-after-kubelet-restart", out)
 	for name, restarts := range restartCounts(t, c) {
 		if want, ok := before[name]; ok && restarts != want {
 			t.Errorf("%s: %d restarts after the kubelet restart, want %d", name, restarts, want)
 		}
 	}
 	t.Logf("real-runtime scenario in %v", time.Since(began).Round(time.Millisecond))
+}
+
+// runFreshPod deletes one running pod of out on n (not the first, whose restarts the test counts)
+// and runs a new GPU pod named name there, which must get exactly its own slice.
+func runFreshPod(t *testing.T, c *cluster.Cluster, n *cluster.Node, name string, out podOutcome) {
+	t.Helper()
+	for _, p := range out.running[1:] {
+		if p.Spec.NodeName == n.Name && deletePod(t, c, p) {
+			break
+		}
+	}
+	fresh := shellSlicePod(name, 4096)
+	fresh.Spec.NodeSelector = map[string]string{corev1.LabelHostname: n.Name}
+	createAll(t, c, []*corev1.Pod{fresh})
+	var got corev1.Pod
+	// Not waitSettled: a filter verdict given before the freed slice reached the extender is
+	// retried by the scheduler, so only Running (or Failed) ends the wait.
+	poll(t, 2*time.Minute, name+" Running on "+n.Name, func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods(fresh.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			t.Fatalf("%s Failed on %s: %s: %s", name, p.Spec.NodeName, p.Status.Reason, p.Status.Message)
+		}
+		got = *p
+		return p.Status.Phase == corev1.PodRunning, string(p.Status.Phase) + "@" + p.Spec.NodeName
+	})
+	running := []corev1.Pod{got}
+	waitReports(t, c, running)
+	for _, b := range checkExact(t, c, running) {
+		t.Errorf("%s: %s", name, b)
+	}
+}
+
+// deletePod deletes p at once and waits until it is gone; false when it was gone already.
+func deletePod(t *testing.T, c *cluster.Cluster, p corev1.Pod) bool {
+	t.Helper()
+	pods := c.Client().CoreV1().Pods(p.Namespace)
+	err := pods.Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, time.Minute, p.Name+" deleted", func(ctx context.Context) (bool, string) {
+		_, err := pods.Get(ctx, p.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	return true
+}
+
+// registrations counts the plugin's "Registered with kubelet" log lines in every log of n's
+// plugin container (one file per container start).
+func registrations(t *testing.T, n *cluster.Node) int {
+	t.Helper()
+	logs, err := filepath.Glob(filepath.Join(n.Dir, "log", "pods", "gpuslice-system_"+n.PluginPod+"_*", "device-plugin", "*.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, l := range logs {
+		b, err := os.ReadFile(l) //nolint:gosec // G304: a container log of the test's cluster
+		if err != nil {
+			t.Fatal(err)
+		}
+		count += strings.Count(string(b), `"Registered with kubelet"`)
+	}
+	return count
 }
 
 // waitReports waits until every container of pods has printed its report (the pods are Running;
