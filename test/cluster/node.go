@@ -62,11 +62,13 @@ type NodeState struct {
 	PluginPod string `json:"pluginPod,omitempty"`
 }
 
-// Node is one simulated node of a Cluster: kubelet, fake CRI and device plugin processes.
+// Node is one simulated node of a Cluster: kubelet, container runtime and device plugin.
 type Node struct {
 	NodeState
 	c *Cluster
 
+	// Kubelet, CRI (the fake CRI, or containerd on a real runtime) and Plugin (nil when the plugin
+	// runs as a pod: see PluginPod) are the node's processes.
 	Kubelet, CRI, Plugin *Process
 }
 
@@ -98,7 +100,7 @@ func (n *Node) CRIRecords() ([]fakecri.Record, error) {
 	return fakecri.ReadRecords(n.CRIRecordPath())
 }
 
-// AddNode starts a node: its fake CRI, its kubelet (waiting for the Node to be Ready, then removing
+// AddNode starts a node: its fake CRI (or containerd), its kubelet (waiting for the Node to be Ready, then removing
 // the not-ready taint) and, unless opts.NoPlugin, its device plugin (waiting for the ready label).
 func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) {
 	if opts.Name == "" {
