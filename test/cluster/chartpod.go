@@ -107,7 +107,7 @@ func (n *Node) startChartPluginPod(ctx context.Context, ds *appsv1.DaemonSet) er
 // pod; the cluster runs without that plugin (no controller creates the default ServiceAccounts).
 const (
 	tokenVolume    = "kube-api-access"
-	tokenMountPath = "/var/run/secrets/kubernetes.io/serviceaccount"
+	tokenMountPath = "/var/run/secrets/kubernetes.io/serviceaccount" //nolint:gosec // G101: a folder, not a credential
 )
 
 // serviceAccountTokenVolume returns the volume the ServiceAccount admission plugin would add: a

@@ -213,7 +213,7 @@ func buildImage(s Spec, blobs map[digest.Digest]blob) (blob, error) {
 func layerTar(l Layer) ([]byte, error) {
 	entries := map[string]File{}
 	for _, f := range l {
-		if old, ok := entries[f.Path]; ok && !(old.Dir && f.Dir) {
+		if old, ok := entries[f.Path]; ok && (!old.Dir || !f.Dir) {
 			return nil, fmt.Errorf("%s: named twice", f.Path)
 		}
 		entries[f.Path] = f
