@@ -26,7 +26,8 @@ log() { printf 'install-runtime: %s\n' "$*"; }
 # 1. runc and busybox from the distribution.
 need=()
 command -v runc >/dev/null 2>&1 || need+=(runc)
-[[ -x /bin/busybox ]] || need+=(busybox-static)
+# The shell image takes busybox from this package's files: the dynamic busybox package would need a libc.
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
 if ((${#need[@]} > 0)); then
 	if ! command -v apt-get >/dev/null 2>&1; then
 		log "missing ${need[*]} and no apt-get: install them with the distribution's package manager" >&2
