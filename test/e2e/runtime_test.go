@@ -224,9 +224,7 @@ func TestRealRuntimeSharing(t *testing.T) {
 		got := registrations(t, pluginNode)
 		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
 	})
-	if err := pluginNode.WaitPluginReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	waitDevices(t, c, pluginNode, time.Now())
 	runFreshPod(t, c, pluginNode, "rt-after-plugin-restart", out)
 
 	// A kubelet restart: the plugin, in its container, re-registers; nothing running restarts.
@@ -245,9 +243,7 @@ func TestRealRuntimeSharing(t *testing.T) {
 		got := registrations(t, n)
 		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
 	})
-	if err := n.WaitPluginReady(rctx); err != nil {
-		t.Fatal(err)
-	}
+	waitDevices(t, c, n, time.Now())
 	runFreshPod(t, c, n, "rt-after-kubelet-restart", out)
 	for name, restarts := range restartCounts(t, c) {
 		if want, ok := before[name]; ok && restarts != want {
@@ -306,6 +302,31 @@ func deletePod(t *testing.T, c *cluster.Cluster, p corev1.Pod) bool {
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 	return true
+}
+
+// runtimeDevices is the hami.io/gpu count of each node of TestRealRuntimeSharing: 4 GPUs, 4 slices.
+const runtimeDevices = 16
+
+// waitDevices waits until n's Node reports, in a status newer than since (whole seconds on the
+// wire), all runtimeDevices allocatable: the kubelet then admits GPU pods again. A registration
+// alone is not enough: the kubelet learns the devices from ListAndWatch after Register returns,
+// and an older status still shows the devices of before the restart.
+func waitDevices(t *testing.T, c *cluster.Cluster, n *cluster.Node, since time.Time) {
+	t.Helper()
+	poll(t, time.Minute, n.Name+" reporting its devices again", func(ctx context.Context) (bool, string) {
+		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		var beat time.Time
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				beat = cond.LastHeartbeatTime.Time
+			}
+		}
+		q := node.Status.Allocatable[cluster.ResourceGPU]
+		return beat.After(since.Add(time.Second)) && q.Value() == runtimeDevices, fmt.Sprintf("allocatable %s, Ready heartbeat %v", q.String(), beat)
+	})
 }
 
 // registrations counts the plugin's "Registered with kubelet" log lines in every log of n's
