@@ -10,8 +10,8 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 GO_LDFLAGS := -X main.version=$(VERSION)
 # grpcnotrace drops gRPC's tracing package, which keeps html/template and so
 # every exported method in the binaries: the device plugin runs in about 29
-# MiB instead of 34 (docs/architecture.md). The Dockerfile, hack/build-cluster.sh
-# and the e2e tests build with the same tag.
+# MiB instead of 34 (docs/architecture.md). make image, hack/build-cluster.sh and
+# the e2e tests build with the same tag.
 GO_TAGS    := grpcnotrace
 # go-nvml needs cgo; its headers warn about deprecated declarations.
 export CGO_ENABLED := 1
@@ -22,13 +22,15 @@ MODULES    := . test
 FUZZ_PKGS   := ./vgpu ./extender ./webhook ./deviceplugin
 # Packages with golden files (tests named *Golden*, flag -update).
 GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/ ./internal/inspect/
-# make image: one image with every binary (Dockerfile); needs docker or podman.
-IMAGE            ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
-CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+# make image: one image with every binary, assembled by test/image from the built binaries and
+# the distribution's libc6 (no container engine); push _output/image/gpuslice.tar with any OCI
+# tool, e.g. crane push or skopeo copy oci-archive:...
+IMAGE          ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
+IMAGE_BINARIES := gpuslice-device-plugin gpuslice-dra-plugin gpuslice-scheduler gpuslice-webhook gpuslice
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build the binaries into _output/bin, gpuslice also as kubectl-gpuslice (a kubectl plugin).
@@ -50,22 +52,35 @@ krew: ## Build the kubectl-gpuslice archives for krew and their manifest into _o
 	@echo "install locally: kubectl krew install --manifest=$(OUT)/krew/gpuslice.yaml --archive=$(OUT)/krew/kubectl-gpuslice_$(VERSION)_linux_amd64.tar.gz"
 
 .PHONY: image
-image: ## Build the container image (IMAGE=...) with docker or podman (not on machines without a container engine).
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no docker or podman found; build the Dockerfile on a machine with a container engine" >&2; exit 1; }
-	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+image: ## Build the gpuslice image (IMAGE=...) and the local cluster's pause and shell images as OCI archives in _output/image, without a container engine.
+	rm -rf $(OUT)/image/bin && mkdir -p $(OUT)/image/bin
+	go build -trimpath -tags $(GO_TAGS) -ldflags "-s -w $(GO_LDFLAGS)" -o $(OUT)/image/bin/ $(addprefix ./cmd/,$(IMAGE_BINARIES))
+	cd test && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o ../$(OUT)/image/bin/ ./cmd/gpuslice-pause
+	cd test && go run ./cmd/gpuslice-image --bin-dir ../$(OUT)/image/bin --pause ../$(OUT)/image/bin/gpuslice-pause --name $(IMAGE) --version $(VERSION) --out ../$(OUT)/image
 
 .PHONY: cluster
 cluster: ## Build the local cluster's binaries into _output/cluster/bin (first time ~10 min on 2 cores, then seconds).
 	./hack/build-cluster.sh
 
+.PHONY: runtime
+runtime: ## Install the real runtime of the local cluster into _output/runtime: runc, busybox-static (apt-get), containerd v2.4.2 (first time ~4 min).
+	./hack/install-runtime.sh
+
 .PHONY: test
-test: cluster ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios and a 2-minute chaos soak on a local cluster, all with -race.
+test: cluster runtime ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios (one on containerd and runc) and a 2-minute chaos soak on a local cluster, all with -race.
 	go test -race -count=1 ./...
 	cd test && SOAK_MINUTES=2 go test -race -count=1 -timeout 25m ./...
 
 .PHONY: e2e
-e2e: cluster ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
+e2e: cluster runtime ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
+
+# make e2e-runtime: GPU pods created at once in its sharing scenario (16 slices between 2 nodes).
+RUNTIME_PODS ?= 20
+
+.PHONY: e2e-runtime
+e2e-runtime: cluster runtime ## Only the real-runtime scenarios: the chart's image on containerd and runc, GPU pods printing env and mounts, container and kubelet restarts (root).
+	cd test && GPUSLICE_RUNTIME_PODS=$(RUNTIME_PODS) go test -race -count=1 -timeout 15m -v -run '^TestRealRuntime' ./e2e/
 
 # make gpu-check runs on machines with NVIDIA GPUs only; without a driver it stops at once.
 .PHONY: gpu-check

@@ -5,6 +5,7 @@
 #   kubelet, kubectl                          k8s.io/kubernetes (version of test/go.mod), stamped
 #   etcd                                      test/cmd/etcd (go.etcd.io/etcd/server/v3 etcdmain)
 #   gpuslice-fake-cri                         test/cmd/gpuslice-fake-cri (k8s.io/cri-client fake + recorder)
+#   gpuslice-cni                              test/cmd/gpuslice-cni (pod addresses on a real runtime)
 #   gpuslice-build                            test/cmd/gpuslice-build: builds the above with progress
 #   helm                                      helm.sh/helm/v3 (HELM_VERSION), go install outside any module
 #   gpuslice-device-plugin, gpuslice-dra-plugin, gpuslice-scheduler,
@@ -47,7 +48,7 @@ total_start=${SECONDS}
 # 1. Kubernetes, etcd and the fake CRI from the test module.
 stamp="${bin}/.test-module.sha256"
 want=$(hash_inputs)
-k8s_bins=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd gpuslice-fake-cri)
+k8s_bins=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd gpuslice-fake-cri gpuslice-cni)
 missing=false
 for b in "${k8s_bins[@]}"; do [[ -x "${bin}/${b}" ]] || missing=true; done
 if [[ "${force}" == false && "${missing}" == false && "$(cat "${stamp}" 2>/dev/null)" == "${want}" ]]; then
@@ -71,7 +72,8 @@ else
 			k8s.io/kubernetes/cmd/kube-controller-manager \
 			k8s.io/kubernetes/cmd/kubectl \
 			./cmd/etcd \
-			./cmd/gpuslice-fake-cri
+			./cmd/gpuslice-fake-cri \
+			./cmd/gpuslice-cni
 	)
 	echo "${want}" >"${stamp}"
 	log "built ${k8s_bins[*]} in $((SECONDS - start))s"

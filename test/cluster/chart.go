@@ -528,6 +528,9 @@ func (n *Node) startChartPlugin(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.State.Runtime != nil {
+		return n.startChartPluginPod(ctx, ds)
+	}
 	spec := ds.Spec.Template.Spec
 	root := filepath.Join(n.Dir, "chart")
 	hostPath := func(p string) (string, error) {

@@ -49,6 +49,9 @@ type Options struct {
 	Dir string
 	// Nodes are the simulated nodes to start, in order.
 	Nodes []NodeOptions
+	// Runtime, when set, runs every node on containerd and runc (real containers) instead of the
+	// fake CRI; see RuntimeOptions.
+	Runtime *RuntimeOptions
 	// ReadyTimeout bounds each readiness wait; zero means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// StopWithParent has the kernel kill every component (SIGKILL) when the process that started
@@ -87,6 +90,8 @@ type State struct {
 	Processes []*Process `json:"processes"`
 	// Nodes are the simulated nodes' settings and folders.
 	Nodes []NodeState `json:"nodes"`
+	// Runtime is the real container runtime every node runs; nil means the fake CRI.
+	Runtime *RuntimeOptions `json:"runtime,omitempty"`
 }
 
 // Cluster is a running local cluster. Its methods are safe for concurrent use, except that Stop
@@ -134,6 +139,20 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if c.State.WebhookPath = opts.WebhookPath; c.State.WebhookPath == "" {
 		c.State.WebhookPath = filepath.Join(c.State.BinDir, WebhookName)
+	}
+	if opts.Runtime != nil {
+		rt := *opts.Runtime
+		if rt.Dir == "" {
+			if rt.Dir, err = FindRuntimeDir(); err != nil {
+				return nil, err
+			}
+		} else if err := checkRuntimeDir(rt.Dir); err != nil {
+			return nil, err
+		}
+		if len(rt.Images) == 0 {
+			return nil, errors.New("runtime: no images: nothing is pulled, so at least the pause image's archive is needed (make image)")
+		}
+		c.State.Runtime = &rt
 	}
 	if c.State.Dir = opts.Dir; c.State.Dir == "" {
 		if c.State.Dir, err = os.MkdirTemp("", "gs-"); err != nil {
@@ -260,7 +279,7 @@ func (c *Cluster) waitFor(ctx context.Context, what string, procs []*Process, co
 	began := time.Now()
 	err := wait.PollUntilContextTimeout(ctx, pollInterval, c.readyTimeout, true, func(ctx context.Context) (bool, error) {
 		for _, p := range procs {
-			if p.Exited() {
+			if p != nil && p.Exited() {
 				return false, fmt.Errorf("%s exited (log %s)", p.Name, p.Log)
 			}
 		}
@@ -281,6 +300,9 @@ func (c *Cluster) LogTails(n int) string {
 	for _, p := range procs {
 		fmt.Fprintf(&b, "----- %s (pid %d, %s) -----\n%s\n", p.Name, p.PID, p.Log, p.LogTail(n))
 	}
+	if c.State.Runtime != nil {
+		b.WriteString(c.containerLogTails(n))
+	}
 	return b.String()
 }
 
@@ -299,6 +321,13 @@ func stopState(st State) error {
 	for i := len(st.Processes) - 1; i >= 0; i-- {
 		if err := st.Processes[i].Stop(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, n := range st.Nodes {
+		if isRuntimeNode(n.Dir) {
+			if err := cleanupContainers(n.Dir); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+			}
 		}
 	}
 	if len(errs) > 0 {

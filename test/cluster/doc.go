@@ -11,8 +11,14 @@
 // one inode, reached by either path, so the kubelet dials the plugin's socket and the plugin dials
 // kubelet.sock as on a real node, and the plugin outlives kubelet restarts as a DaemonSet pod does.
 //
+// With Options.Runtime the nodes run real containers instead: containerd (its CRI plugin resolving
+// the plugin's CDI specs) and runc, in a mount namespace of the node's own where the node's folders
+// cover /var/lib, /var/log and /run, and which the kubelet joins; images come from OCI archives
+// (package image), never from a registry. With a chart, the device plugin then runs as the
+// DaemonSet's pod, a container of the gpuslice image (RuntimeOptions, startChartPluginPod).
+//
 // Real: every Kubernetes component and the device plugin, their flags, gRPC and HTTP protocols.
-// Fake: NVML (fake GPUs inside the plugin) and the container runtime. No controller-manager runs,
+// Fake: NVML (fake GPUs inside the plugin) and, unless Options.Runtime, the container runtime. No controller-manager runs,
 // so the cluster removes the node.kubernetes.io/not-ready taint itself once a node is Ready.
 //
 // Every component is a separate process in its own process group, with an empty working folder

@@ -26,7 +26,7 @@ func HostSupport() error {
 }
 
 // BuildGpuslice builds GpusliceCommands from the product module in moduleDir into outDir, with
-// the grpcnotrace tag of the Makefile, the Dockerfile and hack/build-cluster.sh, so that tests
+// the grpcnotrace tag of the Makefile (make build, make image) and hack/build-cluster.sh, so that tests
 // never run stale binaries (seconds with a warm build cache). The compiler's output goes to
 // stderr.
 func BuildGpuslice(moduleDir, outDir string) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -60,13 +59,18 @@ type NodeState struct {
 	// the loopback port of its /readyz; both empty without a chart.
 	PluginDaemonSet  string `json:"pluginDaemonSet,omitempty"`
 	PluginHealthPort int    `json:"pluginHealthPort,omitempty"`
+	// PluginPod is the pod the plugin runs in on a real runtime with a chart (Plugin is then
+	// nil): the DaemonSet's pod on this node, in the release's namespace.
+	PluginPod string `json:"pluginPod,omitempty"`
 }
 
-// Node is one simulated node of a Cluster: kubelet, fake CRI and device plugin processes.
+// Node is one simulated node of a Cluster: kubelet, container runtime and device plugin.
 type Node struct {
 	NodeState
 	c *Cluster
 
+	// Kubelet, CRI (the fake CRI, or containerd on a real runtime) and Plugin (nil when the plugin
+	// runs as a pod: see PluginPod) are the node's processes.
 	Kubelet, CRI, Plugin *Process
 }
 
@@ -89,9 +93,16 @@ func (n *Node) KubeletRootDir() string { return filepath.Join(n.Dir, "varlib", "
 func (n *Node) CRIRecordPath() string { return filepath.Join(n.Dir, "cri-records.jsonl") }
 
 // CRIRecords returns the node's CreateContainer records so far, in call order.
-func (n *Node) CRIRecords() ([]fakecri.Record, error) { return fakecri.ReadRecords(n.CRIRecordPath()) }
+// On a real runtime they are read back from the logs of containers that ran PrintEnvAndMounts:
+// what each container saw once runc started it.
+func (n *Node) CRIRecords() ([]fakecri.Record, error) {
+	if n.c.State.Runtime != nil {
+		return n.runtimeRecords()
+	}
+	return fakecri.ReadRecords(n.CRIRecordPath())
+}
 
-// AddNode starts a node: its fake CRI, its kubelet (waiting for the Node to be Ready, then removing
+// AddNode starts a node: its fake CRI (or containerd), its kubelet (waiting for the Node to be Ready, then removing
 // the not-ready taint) and, unless opts.NoPlugin, its device plugin (waiting for the ready label).
 func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) {
 	if opts.Name == "" {
@@ -112,7 +123,11 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	c.Nodes = append(c.Nodes, n)
 	c.mu.Unlock()
 
-	if err := n.startCRI(ctx); err != nil {
+	startCRI := n.startCRI
+	if c.State.Runtime != nil {
+		startCRI = n.startContainerd
+	}
+	if err := startCRI(ctx); err != nil {
 		return nil, err
 	}
 	if err := n.StartKubelet(ctx); err != nil {
@@ -130,8 +145,13 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 }
 
 // CDISpecDir returns the node's CDI spec folder (the runtime's /var/run/cdi): the device plugin
-// writes specs there and the fake CRI resolves CDI devices from it.
-func (n *Node) CDISpecDir() string { return filepath.Join(n.Dir, "cdi") }
+// writes specs there and the fake CRI, or containerd, resolves CDI devices from it.
+func (n *Node) CDISpecDir() string {
+	if n.c.State.Runtime != nil {
+		return filepath.Join(n.runDir(), "cdi") // /var/run/cdi in the node's mount namespace
+	}
+	return filepath.Join(n.Dir, "cdi")
+}
 
 // FaultsDir returns the folder the node's device plugin takes fake GPU faults from
 // (--fake-gpu-faults-dir; see nvidia.WriteFakeFault). Not used with a chart.
@@ -191,22 +211,25 @@ const kubeletScript = `set -e; mount --bind "$1" /var/lib; mount --bind "$2" /va
 // Ready (a heartbeat newer than the start), then removes the not-ready taint. It is used by AddNode
 // and to restart a stopped kubelet.
 func (n *Node) StartKubelet(ctx context.Context) error {
-	unshare, err := exec.LookPath("unshare")
+	prog, args, err := n.kubeletCommand()
 	if err != nil {
-		return fmt.Errorf("node %s: %w", n.Name, err)
+		return err
+	}
+	socket := n.criSocket()
+	if n.c.State.Runtime != nil {
+		socket = n.containerdSocket()
 	}
 	cfg := filepath.Join(n.Dir, "kubelet-config.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(kubeletConfig, n.KubeletPort, n.criSocket())), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(kubeletConfig, n.KubeletPort, socket)), 0o600); err != nil {
 		return fmt.Errorf("node %s: write kubelet config: %w", n.Name, err)
 	}
-	args := []string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", kubeletScript, "sh",
-		filepath.Join(n.Dir, "varlib"), filepath.Join(n.Dir, "log"),
+	args = append(args,
 		filepath.Join(n.c.State.BinDir, "kubelet"),
-		"--config=" + cfg,
-		"--kubeconfig=" + n.c.State.Kubeconfig,
-		"--hostname-override=" + n.Name,
+		"--config="+cfg,
+		"--kubeconfig="+n.c.State.Kubeconfig,
+		"--hostname-override="+n.Name,
 		"--v=2",
-	}
+	)
 	if len(n.Labels) > 0 {
 		var kv []string
 		for k, v := range n.Labels {
@@ -216,7 +239,7 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 		args = append(args, "--node-labels="+strings.Join(kv, ","))
 	}
 	startedAt := time.Now()
-	p, err := n.c.start(n.Name+"/kubelet", unshare, args, n.Dir)
+	p, err := n.c.start(n.Name+"/kubelet", prog, args, n.Dir)
 	if err != nil {
 		return err
 	}

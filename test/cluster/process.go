@@ -234,7 +234,7 @@ const userHZ = 100
 
 // procStat reads /proc/pid/stat.
 func procStat(pid int) (stat, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")) //nolint:gosec // G703: a number, formatted
 	if err != nil {
 		return stat{}, fmt.Errorf("read stat of pid %d: %w", pid, err)
 	}
