@@ -53,13 +53,25 @@ type fakePodResources struct {
 	pods     map[string]*podresourcesapi.PodResources // by namespace/name
 	failures []codes.Code
 	calls    int
+	// delay is how long each List takes to answer (a kubelet under load).
+	delay time.Duration
 }
 
 func newFakePodResources() *fakePodResources {
 	return &fakePodResources{pods: map[string]*podresourcesapi.PodResources{}}
 }
 
-func (f *fakePodResources) List(context.Context) ([]*podresourcesapi.PodResources, error) {
+func (f *fakePodResources) List(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++

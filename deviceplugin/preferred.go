@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,41 +45,55 @@ func (a *allocator) preferred(ctx context.Context, req *pluginapi.PreferredAlloc
 // GPUs and covers the must-include IDs; it answers one device per chosen
 // GPU, the lowest free slice, and records the offer. The pod view may lag
 // the kubelet's own pod watch, so without an answer it waits for pod
-// changes up to PreferWait before it falls back.
+// changes up to PreferWait before it falls back. That wait starts at the
+// first PodResources answer: a kubelet under load may take seconds to
+// answer, and guessing meanwhile would make Allocate refuse the pod, so
+// PodResources itself is waited for (and asked again while its rate limit
+// refuses) up to OwnerWait.
 func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPreferredAllocationRequest) []string {
 	avail, must, size := creq.GetAvailableDeviceIDs(), creq.GetMustIncludeDeviceIDs(), int(creq.GetAllocationSize())
 	fallback := defaultPick(avail, must, size)
 	if a.pods == nil || size <= 0 {
 		return fallback
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, a.t.PreferWait)
-	defer cancel()
-	if !a.waitSynced(waitCtx) {
+	syncCtx, cancelSync := context.WithTimeout(ctx, a.t.PreferWait)
+	defer cancelSync()
+	if !a.waitSynced(syncCtx) {
 		a.logger.Info("GetPreferredAllocation: the pod view has not listed the node's pods yet; the kubelet chooses")
 		return fallback
 	}
+	listCtx, cancel := context.WithTimeout(ctx, max(a.t.OwnerWait, a.t.PreferWait))
+	defer cancel()
+	var viewWait <-chan time.Time // runs from the first answer
 	delay := a.t.RetryInitial
 	for {
 		changed := a.pods.Changed()
-		// Bounded by PreferWait too: the kubelet admits one pod at a time.
-		pods, err := a.lister.List(waitCtx)
+		pods, err := a.lister.List(listCtx)
 		if err != nil {
 			// Its rate limit rejects at once: a guess now would put the
 			// devices on GPUs Allocate then refuses, so ask again while
 			// the wait lasts.
-			if a.sleep(waitCtx, delay) {
+			if a.sleep(listCtx, delay) {
 				delay = min(2*delay, a.t.RetryMax)
 				continue
 			}
 			a.logger.V(2).Info("GetPreferredAllocation: PodResources did not answer; the kubelet chooses", "err", err.Error())
 			return fallback
 		}
-		if pick, done := a.offerPending(waitCtx, containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); done {
+		if pick, done := a.offerPending(listCtx, containerDevices(pods, a.cfg.ResourceName), listedPods(pods), avail, must, size); done {
 			return pick
+		}
+		if viewWait == nil {
+			timer := a.clock.NewTimer(a.t.PreferWait)
+			defer timer.Stop()
+			viewWait = timer.C()
 		}
 		select {
 		case <-changed:
-		case <-waitCtx.Done():
+		case <-viewWait:
+			a.logger.V(2).Info("GetPreferredAllocation: no pending container fits; the kubelet chooses", "size", size, "mustInclude", must)
+			return fallback
+		case <-listCtx.Done():
 			a.logger.V(2).Info("GetPreferredAllocation: no pending container fits; the kubelet chooses", "size", size, "mustInclude", must)
 			return fallback
 		}

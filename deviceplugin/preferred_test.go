@@ -237,3 +237,20 @@ func TestPreferredPutsListedOffersLast(t *testing.T) {
 		t.Errorf("preferred %v, want %v (the never-offered listed pod's GPU)", got, want)
 	}
 }
+
+// TestPreferredWaitsForASlowKubelet: a kubelet under load answers
+// PodResources after longer than the wait for the pod view; the plugin
+// still steers by that answer instead of letting the kubelet choose (found
+// under load by the real-runtime e2e: the kubelet's choice then failed
+// admission).
+func TestPreferredWaitsForASlowKubelet(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.alloc.t.PreferWait, f.alloc.t.OwnerWait = 20*time.Millisecond, 5*time.Second
+	f.addPod(gpuPod("asking", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	f.podRes.mu.Lock()
+	f.podRes.delay = 200 * time.Millisecond
+	f.podRes.mu.Unlock()
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuB, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("preferred %v, want %v (the asking pod's GPU)", got, want)
+	}
+}
