@@ -27,8 +27,8 @@ const (
 	// runs: vgpu.PolicyFragmentation for nodes and GPUs, measured against
 	// the whole task list known in advance, each GPU task weighing 1 (the
 	// paper's task popularity), tasks without GPUs left out (for them the
-	// paper counts every free GPU as fragmented wherever a task goes), and
-	// no GPU supply.
+	// paper counts every free GPU as fragmented wherever a task goes), no
+	// GPU supply, and the paper's host rule (vgpu.Workload.SetHostFitOnly).
 	PolicyFGD Policy = "fgd"
 )
 
