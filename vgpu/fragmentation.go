@@ -147,11 +147,11 @@ func (w *Workload) SetHalfLife(pods float64) {
 	w.halfLife = max(pods, 0)
 }
 
-// SetHostFitOnly(true) gives the paper's host rule: a class can use all
-// of a node's GPUs or none, by whether the host has room for one of its
-// pods, however few of them its CPU feeds (see Fragmentation). For
-// side-by-side runs against the paper's algorithm; false, the default,
-// bounds what a class can use by the GPUs the host feeds.
+// SetHostFitOnly gives, when only is true, the paper's host rule: a class
+// can use all of a node's GPUs or none, by whether the host has room for
+// one of its pods, however few of them its CPU feeds (see Fragmentation).
+// It is for side-by-side runs against the paper's algorithm; false, the
+// default, bounds what a class can use by the GPUs the host feeds.
 func (w *Workload) SetHostFitOnly(only bool) {
 	w.hostFitOnly = only
 }
