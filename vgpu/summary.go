@@ -203,7 +203,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		return Placement{}, nil, false
 	}
 	// The workload's weights after the pod: the summary's, unless the
-	// pod's host requests leave some classes without room on the host.
+	// pod's host requests change what the host leaves its classes.
 	weight := [2]shapeWeights{}
 	var afterBuf [16]float64
 	if frag {
