@@ -228,7 +228,7 @@ func (s *fitState) fragModel() *fragModel {
 	if w == nil {
 		w = DefaultWorkload()
 	}
-	s.env.frag = newFragModel(w, s.env.hostFree, s.podHost)
+	s.env.frag = newFragModel(w, s.env.hostFree, s.podHost, len(s.node.GPUs))
 	return s.env.frag
 }
 

@@ -36,6 +36,8 @@ type Workload struct {
 	// never); boost is the factor Add multiplies new weights by, growing
 	// by 2 every halfLife pods, so that older weights count less.
 	halfLife, boost float64
+	// hostFitOnly is SetHostFitOnly's.
+	hostFitOnly bool
 }
 
 // WorkloadClass is one request shape of a Workload: what one container
@@ -145,6 +147,15 @@ func (w *Workload) SetHalfLife(pods float64) {
 	w.halfLife = max(pods, 0)
 }
 
+// SetHostFitOnly gives, when only is true, the paper's host rule: a class
+// can use all of a node's GPUs or none, by whether the host has room for
+// one of its pods, however few of them its CPU feeds (see Fragmentation).
+// It is for side-by-side runs against the paper's algorithm; false, the
+// default, bounds what a class can use by the GPUs the host feeds.
+func (w *Workload) SetHostFitOnly(only bool) {
+	w.hostFitOnly = only
+}
+
 // Classes returns a copy of w's classes, in the order first added.
 func (w *Workload) Classes() []WorkloadClass {
 	if w == nil {
@@ -173,12 +184,12 @@ func (w *Workload) Len() int {
 
 // Snapshot returns an independent copy of w with at most maxClasses of
 // its classes, the heaviest (ties: the first added), in the order first
-// added, and w's supply and half life. Below 1 keeps every class. A
+// added, and w's supply, half life and host rule. Below 1 keeps every class. A
 // scheduler that counts pods into w while others read it hands the
 // readers snapshots; it can also replace w by one to bound its size, the
 // lightest classes being those it saw least, and longest ago.
 func (w *Workload) Snapshot(maxClasses int) *Workload {
-	out := &Workload{halfLife: w.halfLife, boost: w.boost}
+	out := &Workload{halfLife: w.halfLife, boost: w.boost, hostFitOnly: w.hostFitOnly}
 	keep := make([]int, len(w.classes))
 	for i := range keep {
 		keep[i] = i
@@ -322,16 +333,18 @@ func sameShape(a, b WorkloadClass) bool {
 // is fragmented when the class cannot take a slice of it (model, slices,
 // memory or cores), when fewer of the node's GPUs than the class needs
 // can, or when the node's HostFree (if known) lacks the class's Host CPU
-// or memory; the class's fragments are weighted by its share of w. This is
-// the idea of Weng et al., "Beware of Fragmentation" (USENIX ATC '23),
-// applied to memory, compute and slices. Pure; w is only read; nil or
-// empty w gives 0.
+// or memory; of n GPUs it could use, a host whose CPU feeds only b < n of
+// them (Workload.gpuBound) leaves 1 − b/n of their free capacity
+// fragmented for it. The class's fragments are weighted by its share of
+// w. This is the idea of Weng et al., "Beware of Fragmentation" (USENIX
+// ATC '23), applied to memory, compute, slices and the host. Pure; w is
+// only read; nil or empty w gives 0.
 func Fragmentation(node NodeState, w *Workload) float64 {
 	if w == nil {
 		return 0
 	}
 	s := newFitState(PodRequest{}, node.Inventory, node.Usage)
-	return newFragModel(w, node.HostFree, HostResources{}).node(s, false)
+	return newFragModel(w, node.HostFree, HostResources{}, len(node.Inventory.GPUs)).node(s, false)
 }
 
 // fragModel evaluates fragmentation on a fitState for one Fit call.
@@ -339,14 +352,42 @@ type fragModel struct {
 	w *Workload
 	// cnt and sum are, per shape, how many GPUs can take its slice and
 	// their free capacity; weight is, per shape, the share of w whose
-	// classes fit the host before (index 0) and after (1) the pod.
+	// classes can use them on the host before (index 0) and after (1) the
+	// pod.
 	cnt    []int
 	sum    []float64
-	weight [2][]float64
+	weight [2]shapeWeights
 	// cntBuf and sumBuf hold cnt and sum for workloads of up to 16
 	// shapes, when the model is built from a NodeSummary's weights.
 	cntBuf [16]int
 	sumBuf [16]float64
+}
+
+// shapeWeights is, per shape, the share of a workload that can use a
+// node's GPUs of that shape, given its free host resources. A class can
+// use as many of them as the host feeds (Workload.gpuBound): all it could
+// take a slice of when the bound is at least the node's GPUs (full), else
+// the bound's fraction of them (capped, by how many there are).
+type shapeWeights struct {
+	// full is, per shape, the share of the classes the host does not
+	// bound.
+	full []float64
+	// capped[si*stride+cnt] is the share that the classes of shape si the
+	// host bounds can use of cnt such GPUs; nil when the host bounds none.
+	capped []float64
+	stride int
+}
+
+// at is the share of the workload that can use cnt GPUs of shape si: 0
+// when that is fewer than the shape needs.
+func (sw *shapeWeights) at(t *WorkloadClass, si, cnt int) float64 {
+	if cnt < t.GPUs {
+		return 0
+	}
+	if sw.capped == nil {
+		return sw.full[si]
+	}
+	return sw.full[si] + sw.capped[si*sw.stride+cnt]
 }
 
 // fragStats is what stats found besides cnt and sum: the node's free
@@ -355,18 +396,21 @@ type fragStats struct {
 	free float64
 }
 
-func newFragModel(w *Workload, hostFree *HostResources, pod HostResources) *fragModel {
+func newFragModel(w *Workload, hostFree *HostResources, pod HostResources, gpus int) *fragModel {
 	n := len(w.shapes)
 	buf := make([]float64, 3*n)
-	m := &fragModel{w: w, cnt: make([]int, n), sum: buf[:n], weight: [2][]float64{buf[n : 2*n], buf[2*n:]}}
-	w.fillWeights(hostFree, pod, m.weight[0], m.weight[1])
+	m := &fragModel{w: w, cnt: make([]int, n), sum: buf[:n]}
+	m.weight[0].full, m.weight[1].full = buf[n:2*n], buf[2*n:]
+	w.fillWeights(hostFree, pod, gpus, &m.weight[0], &m.weight[1])
 	return m
 }
 
 // fillWeights adds to before and after, per shape, the share of w whose
-// classes fit hostFree before and after the pod's host requests (every
-// class when hostFree is nil): fragModel.weight. A nil before is skipped.
-func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, before, after []float64) {
+// classes can use the GPUs of a node of gpus GPUs with hostFree before and
+// after the pod's host requests (every class, unbounded, when hostFree is
+// nil): fragModel.weight. Their full slices must have a place per shape;
+// capped is made when needed. A nil before is skipped.
+func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus int, before, after *shapeWeights) {
 	if w.total <= 0 {
 		return
 	}
@@ -393,18 +437,78 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, befor
 		si := w.shapeOf[ci]
 		if hostFree == nil {
 			if before != nil {
-				before[si] += share
+				before.full[si] += share
 			}
-			after[si] += share
+			after.full[si] += share
 			continue
 		}
-		if before != nil && c.Host.CPUMilli <= hostFree.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB {
-			before[si] += share
+		if before != nil {
+			before.add(c, si, share, w.gpuBound(c, *hostFree), gpus, len(w.shapes))
 		}
-		if c.Host.CPUMilli <= hostFree.CPUMilli-pod.CPUMilli && c.Host.MemoryMiB <= hostFree.MemoryMiB-pod.MemoryMiB {
-			after[si] += share
-		}
+		room := HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
+		after.add(c, si, share, w.gpuBound(c, room), gpus, len(w.shapes))
 	}
+}
+
+// gpuBound is how many of a node's GPUs class c can use when its host
+// has free: none when one of its pods does not fit, else as many as free's
+// CPU feeds, counting each pod at its own CPU request or at the
+// workload's CPU per GPU of demand (CPUPerGPU), whichever lets more in
+// (+Inf when neither bounds it, for pods without GPUs, and under
+// SetHostFitOnly). Its own
+// request alone would send pods that ask for a little more CPU than most
+// to the few nodes richest in CPU, which the largest pods need; the
+// workload's alone would bound light pods by CPU they do not ask for.
+func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
+	pods := podsRoom(c.Host, free)
+	if pods <= 0 {
+		return 0
+	}
+	if c.GPUs == 0 || pods == math.MaxInt64 || w.hostFitOnly {
+		return math.Inf(1)
+	}
+	bound := float64(pods) * float64(c.GPUs)
+	if cpg := w.CPUPerGPU(); cpg > 0 {
+		demand := demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+		bound = max(bound, float64(free.CPUMilli)/(cpg*demand)*float64(c.GPUs))
+	}
+	return bound
+}
+
+// add counts class c of shape si, with share, on a node of gpus GPUs
+// whose host leaves it bound GPUs to use (see shapeWeights).
+func (sw *shapeWeights) add(c *WorkloadClass, si int, share, bound float64, gpus, shapes int) {
+	switch {
+	case bound <= 0:
+		return
+	case c.GPUs == 0 || bound >= float64(gpus):
+		sw.full[si] += share
+		return
+	}
+	if sw.capped == nil {
+		sw.stride = gpus + 1
+		sw.capped = make([]float64, shapes*sw.stride)
+	}
+	row := sw.capped[si*sw.stride : (si+1)*sw.stride]
+	for cnt := c.GPUs; cnt <= gpus; cnt++ {
+		row[cnt] += share * min(1, bound/float64(cnt))
+	}
+}
+
+// podsRoom is how many pods requesting host fit in free: 0 when none
+// does, math.MaxInt64 when host requests neither CPU nor memory.
+func podsRoom(host, free HostResources) int64 {
+	if host.CPUMilli > free.CPUMilli || host.MemoryMiB > free.MemoryMiB {
+		return 0
+	}
+	pods := int64(math.MaxInt64)
+	if host.CPUMilli > 0 {
+		pods = free.CPUMilli / host.CPUMilli
+	}
+	if host.MemoryMiB > 0 {
+		pods = min(pods, free.MemoryMiB/host.MemoryMiB)
+	}
+	return pods
 }
 
 // usable reports whether shape t could take a slice of g holding u.
@@ -491,16 +595,16 @@ func (m *fragModel) node(s *fitState, after bool) float64 {
 		return 0
 	}
 	fs := m.stats(s)
-	weight := m.weight[0]
+	weight := &m.weight[0]
 	if after {
-		weight = m.weight[1]
+		weight = &m.weight[1]
 	}
 	// Every class sees all free capacity, less what it can use; classes
 	// that do not fit the host (absent from weight) can use none.
 	var usableFree float64
 	for si := range m.w.shapes {
 		if m.cnt[si] >= m.w.shapes[si].GPUs {
-			usableFree += weight[si] * m.sum[si]
+			usableFree += weight.at(&m.w.shapes[si], si, m.cnt[si]) * m.sum[si]
 		}
 	}
 	return fs.free - usableFree
@@ -517,11 +621,11 @@ func (m *fragModel) delta(s *fitState, gi int, before, after GPUUsage) float64 {
 	split := s.node.SplitCount
 	free0 := 1 - usedShare(g, before, split)
 	free1 := 1 - usedShare(g, after, split)
-	weight := m.weight[1]
+	weight := &m.weight[1]
 	var d float64
 	for si := range m.w.shapes {
 		t := &m.w.shapes[si]
-		cnt, sum := m.cnt[si], m.sum[si]
+		cnt0, cnt, sum := m.cnt[si], m.cnt[si], m.sum[si]
 		var old float64
 		if cnt >= t.GPUs {
 			old = sum
@@ -538,7 +642,11 @@ func (m *fragModel) delta(s *fitState, gi int, before, after GPUUsage) float64 {
 		if cnt >= t.GPUs {
 			now = sum
 		}
-		d -= weight[si] * (now - old)
+		if weight.capped == nil {
+			d -= weight.full[si] * (now - old)
+			continue
+		}
+		d -= weight.at(t, si, cnt)*now - weight.at(t, si, cnt0)*old
 	}
 	// Every class sees the change of free capacity; those that can use it
 	// got it back above.

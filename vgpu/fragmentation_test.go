@@ -59,6 +59,22 @@ func TestFragmentation(t *testing.T) {
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 10000}}, cpuOnly); math.Abs(got-2*2.0/3) > 1e-9 {
 		t.Errorf("Fragmentation() with CPU-only pods short of CPU = %v, want %v", got, 2*2.0/3)
 	}
+	// The workload asks 4000m per GPU. 6000m free feeds three light pods
+	// but one heavy one, or 1.5 GPUs at the workload's CPU per GPU: the
+	// heavy class can use 1.5 of the 2 free GPUs, the light one both.
+	bounded := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 2000}, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 6000}, Weight: 1},
+	)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 6000}}, bounded); math.Abs(got-0.5*0.5) > 1e-9 {
+		t.Errorf("Fragmentation() with CPU for 1.5 GPUs = %v, want %v", got, 0.5*0.5)
+	}
+	// The paper's rule: one pod fits, so every free GPU is usable; a
+	// snapshot keeps the rule.
+	bounded.SetHostFitOnly(true)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 6000}}, bounded.Snapshot(0)); got != 0 {
+		t.Errorf("Fragmentation() under SetHostFitOnly = %v, want 0", got)
+	}
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node}, nil); got != 0 {
 		t.Errorf("Fragmentation() with no workload = %v, want 0", got)
 	}

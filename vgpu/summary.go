@@ -53,7 +53,7 @@ type gpuCell struct {
 type fragSummary struct {
 	// weight is the workload's weights (fragModel.weight) for a pod
 	// without host requests; Fit calls build their model from it.
-	weight [2][]float64
+	weight [2]shapeWeights
 	// free is each GPU's free capacity (0 for unhealthy GPUs) and masks
 	// each GPU's usable shapes (bit si: shape si can take a slice of it),
 	// by GPU position; masks is nil when the workload has more than 64
@@ -105,7 +105,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	if w == nil || w.total <= 0 {
 		return s
 	}
-	m := newFragModel(w, node.HostFree, HostResources{})
+	m := newFragModel(w, node.HostFree, HostResources{}, len(s.inv.GPUs))
 	f := &fragSummary{free: make([]float64, len(base))}
 	if len(w.shapes) <= 64 {
 		f.masks = make([]uint64, len(base))
@@ -203,19 +203,19 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		return Placement{}, nil, false
 	}
 	// The workload's weights after the pod: the summary's, unless the
-	// pod's host requests leave some classes without room on the host.
-	weight := [2][]float64{}
+	// pod's host requests change what the host leaves its classes.
+	weight := [2]shapeWeights{}
 	var afterBuf [16]float64
 	if frag {
 		weight = s.frag.weight
 		if s.hostFree != nil && pod.Host != (HostResources{}) {
-			var after []float64
+			var after shapeWeights
 			if n := len(s.w.shapes); n <= len(afterBuf) {
-				after = afterBuf[:n]
+				after.full = afterBuf[:n]
 			} else {
-				after = make([]float64, n)
+				after.full = make([]float64, n)
 			}
-			s.w.fillWeights(s.hostFree, pod.Host, nil, after)
+			s.w.fillWeights(s.hostFree, pod.Host, len(s.inv.GPUs), nil, &after)
 			weight[1] = after
 		}
 	}

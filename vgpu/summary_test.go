@@ -18,7 +18,16 @@ import (
 // resources known or not.
 func TestSummaryFitEqualsFit(t *testing.T) {
 	t.Parallel()
-	workloads := []*vgpu.Workload{vgpu.DefaultWorkload(), nil}
+	// hosted asks for CPU and memory, so that hosts short of them bound
+	// what its classes can use.
+	hosted := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 6000, MemoryMiB: 8192}, Weight: 2},
+		vgpu.WorkloadClass{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 4000}, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 30, Host: vgpu.HostResources{CPUMilli: 3000, MemoryMiB: 4096}, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, CoresPercent: 50, Host: vgpu.HostResources{CPUMilli: 1000}, Weight: 1},
+		vgpu.WorkloadClass{Host: vgpu.HostResources{CPUMilli: 2000}, Weight: 1},
+	)
+	workloads := []*vgpu.Workload{vgpu.DefaultWorkload(), nil, hosted}
 	other := vgpu.DefaultWorkload()
 	for _, seed := range propertySeeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {

@@ -46,6 +46,19 @@ func TestSimulateVariant(t *testing.T) {
 	}
 }
 
+func TestSimulateFailed(t *testing.T) {
+	t.Parallel()
+	out := simulateTestdata(t, "--seeds", "2", "--policy", "binpack", "--failed", "3")
+	for _, want := range []string{
+		"failed tasks of binpack with the most GPU demand (mean per seed):",
+		"4                 1000              any    0.5        2.00",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestRunErrors(t *testing.T) {
 	t.Parallel()
 	tests := map[string]struct {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -29,6 +30,7 @@ type simulateConfig struct {
 	firstSeed uint64
 	parallel  int
 	tune      float64
+	failed    int
 }
 
 func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
@@ -43,6 +45,7 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 	fs.Uint64Var(&cfg.firstSeed, "first-seed", 42, "first seed (the paper uses 42 to 51)")
 	fs.IntVar(&cfg.parallel, "parallel", runtime.GOMAXPROCS(0), "replays run at once")
 	fs.Float64Var(&cfg.tune, "tune", simulate.DefaultTune, "demand, as a multiple of capacity, the task list is extended to")
+	fs.IntVar(&cfg.failed, "failed", 0, "also list, per policy, the N shapes of failed tasks with the most GPU demand (mean per seed)")
 	variant := fs.String("variant", "", "replay a variant made from the trace, as the FGD paper's simulator made its files: gpuspecNN, multigpuNN or cpuNNN (e.g. gpuspec33, multigpu50, cpu250); default: the trace itself")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -197,6 +200,15 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	plain := make([]simulate.Result, len(results))
+	for i, r := range results {
+		plain[i] = r.res
+	}
+	if cfg.failed > 0 {
+		if err := writeFailures(out, cfg, plain); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(out, "\npublished (Weng et al., ATC '23, openb_pod_list_default, mean of 10 seeds):")
 	for _, p := range simulate.PaperResults() {
 		fmt.Fprintf(out, "  %-14s %6.2f%%\n", p.Policy, p.UnallocatedPercent)
@@ -209,11 +221,54 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if len(published) > 0 {
 		fmt.Fprintf(out, "\nper seed, %s (the simulator's seeds shuffle differently: compare spreads, not rows):\n", filepath.Base(cfg.expected))
-		plain := make([]simulate.Result, len(results))
-		for i, r := range results {
-			plain[i] = r.res
-		}
 		writePerSeed(out, cfg, plain, published)
+	}
+	return nil
+}
+
+// writeFailures lists, per policy, the cfg.failed shapes of failed tasks
+// with the most GPU demand, as means per seed over the policy's replays
+// (results in job order: policy by policy, seed by seed).
+func writeFailures(out io.Writer, cfg simulateConfig, results []simulate.Result) error {
+	for pi, p := range cfg.policies {
+		type key struct {
+			gpus   int
+			milli  int64
+			models string
+		}
+		sums := map[key]*simulate.Failure{}
+		for s := range cfg.seeds {
+			for _, f := range results[pi*cfg.seeds+s].Failures {
+				k := key{f.GPUs, f.GPUMilli, f.Models}
+				if sums[k] == nil {
+					sums[k] = &simulate.Failure{GPUs: f.GPUs, GPUMilli: f.GPUMilli, Models: f.Models}
+				}
+				sums[k].Tasks += f.Tasks
+				sums[k].DemandMilli += f.DemandMilli
+			}
+		}
+		all := make([]simulate.Failure, 0, len(sums))
+		for _, f := range sums {
+			all = append(all, *f)
+		}
+		slices.SortFunc(all, func(a, b simulate.Failure) int {
+			return cmp.Or(cmp.Compare(b.DemandMilli, a.DemandMilli), cmp.Compare(a.GPUs, b.GPUs),
+				cmp.Compare(a.GPUMilli, b.GPUMilli), cmp.Compare(a.Models, b.Models))
+		})
+		fmt.Fprintf(out, "\nfailed tasks of %s with the most GPU demand (mean per seed):\n", p)
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "GPUs\tshare (thousandths)\tmodels\ttasks\tGPU demand\t")
+		n := float64(cfg.seeds)
+		for _, f := range all[:min(cfg.failed, len(all))] {
+			models := f.Models
+			if models == "" {
+				models = "any"
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%.1f\t%.2f\t\n", f.GPUs, f.GPUMilli, models, float64(f.Tasks)/n, float64(f.DemandMilli)/1000/n)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,10 +1,13 @@
 package simulate
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -27,8 +30,8 @@ const (
 	// runs: vgpu.PolicyFragmentation for nodes and GPUs, measured against
 	// the whole task list known in advance, each GPU task weighing 1 (the
 	// paper's task popularity), tasks without GPUs left out (for them the
-	// paper counts every free GPU as fragmented wherever a task goes), and
-	// no GPU supply.
+	// paper counts every free GPU as fragmented wherever a task goes), no
+	// GPU supply, and the paper's host rule (vgpu.Workload.SetHostFitOnly).
 	PolicyFGD Policy = "fgd"
 )
 
@@ -94,6 +97,20 @@ type Result struct {
 	// UnallocatedPercent is 100 × (1 − AllocatedMilli/CapacityMilli): the
 	// paper's "unallocated GPU" at 100% arrived demand.
 	UnallocatedPercent float64
+	// Failures are the failed tasks by shape, most GPU demand first (ties:
+	// fewer GPUs, then smaller share, then models).
+	Failures []Failure
+}
+
+// Failure counts the failed tasks of one shape: GPUs of GPUMilli each, on
+// the models given (gpu_spec; "" for any).
+type Failure struct {
+	GPUs     int
+	GPUMilli int64
+	Models   string
+	Tasks    int
+	// DemandMilli is their GPU demand, in thousandths of a GPU.
+	DemandMilli int64
 }
 
 // simNode is a node as the replay holds it.
@@ -208,6 +225,7 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 
 	var arrived int64
 	judged := map[string]struct{}{}
+	failures := map[Failure]int{}
 	for _, t := range order {
 		res.Arrived++
 		arrived += t.DemandMilli()
@@ -219,13 +237,30 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 			res.AllocatedMilli += t.DemandMilli()
 		} else {
 			res.Failed++
+			failures[Failure{GPUs: t.GPUs, GPUMilli: t.GPUMilli, Models: strings.Join(t.Models, "|")}]++
 		}
 		if arrived >= res.CapacityMilli {
 			break
 		}
 	}
 	res.UnallocatedPercent = 100 * (1 - float64(res.AllocatedMilli)/float64(res.CapacityMilli))
+	res.Failures = sortedFailures(failures)
 	return res, nil
+}
+
+// sortedFailures lists failures (shape: tasks) in Result.Failures' order.
+func sortedFailures(failures map[Failure]int) []Failure {
+	out := make([]Failure, 0, len(failures))
+	for f, n := range failures {
+		f.Tasks = n
+		f.DemandMilli = int64(n) * int64(f.GPUs) * f.GPUMilli
+		out = append(out, f)
+	}
+	slices.SortFunc(out, func(a, b Failure) int {
+		return cmp.Or(cmp.Compare(b.DemandMilli, a.DemandMilli), cmp.Compare(a.GPUs, b.GPUs),
+			cmp.Compare(a.GPUMilli, b.GPUMilli), cmp.Compare(a.Models, b.Models))
+	})
+	return out
 }
 
 func newSimNode(n Node, split int) simNode {

@@ -103,6 +103,16 @@ func TestReplaySynthetic(t *testing.T) {
 				got.UnallocatedPercent < 0 || got.UnallocatedPercent > 100 {
 				t.Errorf("implausible result %+v", got)
 			}
+			failed := 0
+			for i, f := range got.Failures {
+				failed += f.Tasks
+				if f.DemandMilli != int64(f.Tasks)*int64(f.GPUs)*f.GPUMilli || i > 0 && f.DemandMilli > got.Failures[i-1].DemandMilli {
+					t.Errorf("Failures[%d] = %+v: demand wrong or out of order", i, f)
+				}
+			}
+			if failed != got.Failed {
+				t.Errorf("Failures count %d tasks, Failed is %d", failed, got.Failed)
+			}
 		})
 	}
 	if _, err := simulate.Replay(nodes, tasks, simulate.Config{Policy: "worst"}); err == nil {

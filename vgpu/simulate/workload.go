@@ -24,9 +24,10 @@ func onlineWorkload(nodes []Node, halfLife float64) *vgpu.Workload {
 }
 
 // fgdWorkload is PolicyFGD's workload: every GPU task of the list, each
-// weighing 1.
+// weighing 1, under the paper's host rule.
 func fgdWorkload(tasks []task) *vgpu.Workload {
 	w := &vgpu.Workload{}
+	w.SetHostFitOnly(true)
 	for _, t := range tasks {
 		for _, cr := range t.pod.Request.Containers {
 			w.AddClass(vgpu.WorkloadClass{
