@@ -1,6 +1,7 @@
 package simulate_test
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/gpuslice/gpuslice/vgpu/simulate"
@@ -54,7 +55,7 @@ func TestReplayDRA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a != b {
+	if !reflect.DeepEqual(a, b) {
 		t.Errorf("two replays of seed 42 differ: %+v and %+v", a, b)
 	}
 	if a.Placed == 0 || a.UnallocatedPercent < 0 || a.UnallocatedPercent > 100 {
