@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"time"
 )
 
 // Record is one CreateContainer call as the kubelet made it. Records are written in call order,
@@ -29,6 +30,8 @@ type Record struct {
 	// CDIErrors are problems the CDI registry reported with spec files while resolving (a broken
 	// file elsewhere in the folder); the devices themselves resolved.
 	CDIErrors []string `json:"cdiErrors,omitempty"`
+	// Created is when the runtime received the CreateContainer call.
+	Created time.Time `json:"created,omitzero"`
 }
 
 // Mount is one bind mount of a Record.

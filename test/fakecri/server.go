@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
@@ -105,7 +106,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 
 // record appends req as one Record line.
 func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
-	r := Record{Env: map[string]string{}}
+	r := Record{Env: map[string]string{}, Created: time.Now()}
 	if md := req.GetSandboxConfig().GetMetadata(); md != nil {
 		r.Namespace, r.Pod, r.PodUID = md.GetNamespace(), md.GetName(), md.GetUid()
 	}

@@ -55,7 +55,7 @@ func TestCreateContainerIsRecorded(t *testing.T) {
 			CDIDevices: []string{"nvidia.com/gpu=GPU-1"},
 		}
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, withoutCreated(t, got)); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
 	}
 }
@@ -160,7 +160,21 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 			CDIDevices: []string{"example.com/vgpu=d1"},
 		})
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, withoutCreated(t, got)); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
 	}
+}
+
+// withoutCreated checks that every record has its creation time and returns them without it.
+func withoutCreated(t *testing.T, records []Record) []Record {
+	t.Helper()
+	out := make([]Record, len(records))
+	for i, r := range records {
+		if r.Created.IsZero() || time.Since(r.Created) > time.Hour {
+			t.Errorf("record %d (%s/%s) created at %v, want the time of its CreateContainer call", i, r.Pod, r.Container, r.Created)
+		}
+		r.Created = time.Time{}
+		out[i] = r
+	}
+	return out
 }

@@ -9,7 +9,9 @@
 //   - capacity: no GPU's slices exceed its schedulable memory, its split count or its compute;
 //   - exactness: every container the fake runtime created got its own pod's allocation (pod
 //     identity, GPUs and memory limits in its environment, as the runtime resolved the CDI
-//     devices), on the node of that allocation;
+//     devices), on the node of that allocation (a container the kubelet starts with no slice
+//     at all for a pod already being deleted is counted apart: the kubelet hands such a pod's
+//     devices to another pod and starts the container without any);
 //   - explained: no pod stays Pending for a minute without an event saying why (a minute from
 //     its creation while unbound, from its binding once bound);
 //   - no leaked CDI spec: a plugin spec file that no live container uses is removed within the

@@ -158,6 +158,17 @@ func (s *soak) checkRecord(node string, r fakecri.Record, p *corev1.Pod) {
 		return
 	}
 	if len(r.CDIDevices) == 0 && r.Env["GPUSLICE_POD_UID"] == "" {
+		if since, ok := s.seen.deletingSince(types.UID(r.PodUID)); ok && !r.Created.IsZero() && r.Created.After(since) {
+			// The kubelet starts a container of a pod it no longer counts active without
+			// devices (pkg/kubelet/cm/devicemanager/manager.go:995, "Pod deleted from
+			// activePods, skip to reAllocate"), once it has handed them to another pod; the
+			// plugin is not asked. The container got nothing, and is killed with its pod.
+			s.tally.add(func(rep *Report) {
+				rep.StartedWhileDeleting++
+				rep.StartedWhileDeletingExample = fmt.Sprintf("%s %v after its deletion was seen, with no slice (its allocation is %v)", what, r.Created.Sub(since).Round(time.Millisecond), ca.GPUs)
+			})
+			return
+		}
 		s.tally.violate(InvariantExact, key, fmt.Sprintf("%s started without its slice: no CDI device and no GPU environment, though its allocation is %v", what, ca.GPUs))
 		return
 	}

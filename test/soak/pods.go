@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -208,10 +209,38 @@ type seen struct {
 	allocated map[types.UID]*corev1.Pod
 	// events holds, by pod UID, the reasons of its events.
 	events map[types.UID]map[string]bool
+	// deleting holds, by UID, when each pod's deletion was first seen: asked for (its
+	// deletionTimestamp less the grace period) or, when the informer saw only its removal,
+	// that moment.
+	deleting map[types.UID]time.Time
 }
 
 func newSeen() *seen {
-	return &seen{allocated: map[types.UID]*corev1.Pod{}, events: map[types.UID]map[string]bool{}}
+	return &seen{allocated: map[types.UID]*corev1.Pod{}, events: map[types.UID]map[string]bool{}, deleting: map[types.UID]time.Time{}}
+}
+
+// deleted records that an informer saw a pod removed.
+func (w *seen) deleted(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.deleting[p.UID]; !ok {
+		w.deleting[p.UID] = time.Now()
+	}
+}
+
+// deletingSince returns when the pod with uid was first seen being deleted.
+func (w *seen) deletingSince(uid types.UID) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.deleting[uid]
+	return t, ok
 }
 
 // pod records a pod from an informer.
@@ -223,6 +252,13 @@ func (w *seen) pod(obj any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.allocated[p.UID] = p
+	if _, ok := w.deleting[p.UID]; !ok && p.DeletionTimestamp != nil {
+		at := p.DeletionTimestamp.Time
+		if g := p.DeletionGracePeriodSeconds; g != nil {
+			at = at.Add(-time.Duration(*g) * time.Second)
+		}
+		w.deleting[p.UID] = at
+	}
 }
 
 // event records an event from an informer.

@@ -69,6 +69,11 @@ type Report struct {
 	// RecordsUnchecked those whose pod the informer never saw with an allocation (created and
 	// deleted while it was relisting after an API server restart).
 	RecordsChecked, RecordsUnchecked int
+	// StartedWhileDeleting counts the containers the kubelet created with no slice at all for
+	// pods whose deletion had been seen before (a kubelet race, not a violation: nobody else's
+	// slice was given); StartedWhileDeletingExample describes the latest.
+	StartedWhileDeleting        int
+	StartedWhileDeletingExample string
 	// Violations are the broken invariants, in the order seen.
 	Violations []Violation
 }
@@ -95,6 +100,10 @@ func (r *Report) String() string {
 	}
 	fmt.Fprintf(&b, "  invariant passes: %d (%d skipped while the API server was down)\n", r.Checks, r.ChecksSkipped)
 	fmt.Fprintf(&b, "  container records checked: %d (%d whose pod was never seen allocated)\n", r.RecordsChecked, r.RecordsUnchecked)
+	fmt.Fprintf(&b, "  containers the kubelet started with no slice for a pod already being deleted: %d\n", r.StartedWhileDeleting)
+	if r.StartedWhileDeletingExample != "" {
+		fmt.Fprintf(&b, "    e.g. %s\n", r.StartedWhileDeletingExample)
+	}
 	fmt.Fprintf(&b, "  violations: %d\n", len(r.Violations))
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "    %s\n", v)

@@ -150,6 +150,7 @@ func (s *soak) watch(ctx context.Context) error {
 	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.seen.pod(obj) },
 		UpdateFunc: func(_, obj any) { s.seen.pod(obj) },
+		DeleteFunc: func(obj any) { s.seen.deleted(obj) },
 	}); err != nil {
 		return fmt.Errorf("pod informer: %w", err)
 	}
