@@ -76,7 +76,7 @@ e2e: cluster runtime ## Run only the end-to-end scenarios on a local cluster of 
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
 
 # make e2e-runtime: GPU pods created at once in its sharing scenario (16 slices between 2 nodes).
-RUNTIME_PODS ?= 20
+RUNTIME_PODS ?= 60
 
 .PHONY: e2e-runtime
 e2e-runtime: cluster runtime ## Only the real-runtime scenarios: the chart's image on containerd and runc, GPU pods printing env and mounts, container and kubelet restarts (root).
