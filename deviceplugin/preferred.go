@@ -124,17 +124,33 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 			return 1
 		}
 	})
-	for _, c := range pending {
-		if len(c.Alloc.GPUs) != size {
-			continue
+	offer := func(pending []pendingContainer) ([]string, bool) {
+		for _, c := range pending {
+			if len(c.Alloc.GPUs) != size {
+				continue
+			}
+			pick, ok := pickDevices(c.Alloc.GPUs, avail, must)
+			if !ok {
+				continue
+			}
+			a.claims.offer(claim{Device: handoff.DeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
+			a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
+			return pick, true
 		}
-		pick, ok := pickDevices(c.Alloc.GPUs, avail, must)
-		if !ok {
-			continue
-		}
-		a.claims.offer(claim{Device: handoff.DeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
-		a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
+		return nil, false
+	}
+	if pick, ok := offer(pending); ok {
 		return pick, true
+	}
+	if len(pending) > 0 && listed != nil && a.live != nil {
+		// The view may still show an earlier pod of that name, with another
+		// allocation: the API server's pods decide.
+		if pods, err := a.livePods(ctx); err == nil {
+			live := slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+			if pick, ok := offer(live); ok {
+				return pick, true
+			}
+		}
 	}
 	if len(pending) > 0 || conclusive {
 		// The pod being admitted cannot get devices on its GPUs (or has no

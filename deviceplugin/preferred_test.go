@@ -254,3 +254,19 @@ func TestPreferredWaitsForASlowKubelet(t *testing.T) {
 		t.Errorf("preferred %v, want %v (the asking pod's GPU)", got, want)
 	}
 }
+
+// TestPreferredAsksTheAPIServerWhenTheViewShowsAnEarlierPod: web-0 was
+// deleted and created again; the view still shows the old pod, with two
+// GPUs, while the kubelet admits the new one, placed on one slice of GPU B.
+// The API server's pod decides, not the kubelet's own order (GPU A first).
+func TestPreferredAsksTheAPIServerWhenTheViewShowsAnEarlierPod(t *testing.T) {
+	f := newHandoff(t, nil)
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main")
+	f.addPod(old)
+	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main")
+	recreated.UID = "uid-web-0-again"
+	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuB, 0)}; !cmp.Equal(want, got) {
+		t.Errorf("preferred %v, want %v (the recreated pod's GPU)", got, want)
+	}
+}
