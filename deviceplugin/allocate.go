@@ -168,19 +168,22 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	var admitted []pendingContainer
 	for {
 		changed := a.pods.Changed()
-		admitted, _ = a.admittedPending(ctx, held, listed)
+		var source pendingSource
+		admitted, source = a.admittedPending(ctx, held, listed)
 		if fits(admitted) {
 			return nil
 		}
-		if len(admitted) > 0 && listed != nil && a.live != nil {
+		if source == fromView {
 			// The view may still show an earlier pod of that name.
-			if pods, err := a.livePods(ctx); err == nil {
-				admitted = slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+			if live, err := a.livePending(ctx, held, listed); err == nil {
+				source, admitted = fromAPIServer, live
 				if fits(admitted) {
 					return nil
 				}
-				break
 			}
+		}
+		if source == fromAPIServer && len(admitted) > 0 {
+			break // the API server decided: waiting cannot help
 		}
 		select {
 		case <-changed:

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -111,7 +112,7 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 // any.
 func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool, avail, must []string, size int) (pick []string, done bool) {
 	now := a.clock.Now()
-	pending, conclusive := a.admittedPending(ctx, held, listed)
+	pending, source := a.admittedPending(ctx, held, listed)
 	slices.SortStableFunc(pending, func(x, y pendingContainer) int {
 		ox := a.claims.recentlyOffered(x.Ref, x.Pod.UID, now.Add(-a.t.ClaimTTL))
 		oy := a.claims.recentlyOffered(y.Ref, y.Pod.UID, now.Add(-a.t.ClaimTTL))
@@ -142,17 +143,16 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 	if pick, ok := offer(pending); ok {
 		return pick, true
 	}
-	if len(pending) > 0 && listed != nil && a.live != nil {
+	if source == fromView {
 		// The view may still show an earlier pod of that name, with another
 		// allocation: the API server's pods decide.
-		if pods, err := a.livePods(ctx); err == nil {
-			live := slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+		if live, err := a.livePending(ctx, held, listed); err == nil {
 			if pick, ok := offer(live); ok {
 				return pick, true
 			}
 		}
 	}
-	if len(pending) > 0 || conclusive {
+	if source != fromNothing {
 		// The pod being admitted cannot get devices on its GPUs (or has no
 		// allocation): Allocate refuses whatever the kubelet picks, and the
 		// kubelet rejects the pod with that reason.
@@ -161,6 +161,21 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 	}
 	return nil, false
 }
+
+// pendingSource says where admittedPending's answer came from.
+type pendingSource int
+
+const (
+	// fromNothing: PodResources or the API server did not answer, so
+	// waiting may change the answer.
+	fromNothing pendingSource = iota
+	// fromView: the view showed listed pending containers; it may still
+	// show an earlier pod of one of those names, which the API server
+	// would correct (livePending).
+	fromView
+	// fromAPIServer: the API server, read now, decided.
+	fromAPIServer
+)
 
 // admittedPending returns the pending containers (pendingContainers) of
 // the pods the kubelet lists. The kubelet adds a pod to the pods it lists
@@ -171,27 +186,43 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 // another pod's GPUs, where its own allocation could never start: found by
 // the chaos soak). When the view shows none, it lags the kubelet (its watch
 // is being re-established after an API server restart, say) and the pods
-// are read from the API server instead. conclusive reports that the answer
-// cannot change by waiting: the view or the API server showed a listed
-// pending container, or the API server, read now, showed none. A nil
-// listed (PodResources did not answer) falls back to every pending
-// container of the view, oldest first.
-func (a *allocator) admittedPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool) (pending []pendingContainer, conclusive bool) {
+// are read from the API server instead. A nil listed (PodResources did not
+// answer) falls back to every pending container of the view, oldest
+// first.
+func (a *allocator) admittedPending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool) ([]pendingContainer, pendingSource) {
 	if listed == nil {
-		return a.pendingContainers(a.pods.Pods(), held), false
+		return a.pendingContainers(a.pods.Pods(), held), fromNothing
 	}
-	admitted := func(pods []*corev1.Pod) []pendingContainer {
-		return slices.DeleteFunc(a.pendingContainers(pods, held), func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
+	if pending := listedPending(a.pendingContainers(a.pods.Pods(), held), listed); len(pending) > 0 {
+		return pending, fromView
 	}
-	if pending = admitted(a.pods.Pods()); len(pending) > 0 || a.live == nil {
-		return pending, len(pending) > 0
+	if a.live == nil {
+		return nil, fromNothing
+	}
+	pending, err := a.livePending(ctx, held, listed)
+	if err != nil {
+		a.logger.V(2).Info("The pod view shows no pod the kubelet admits, and the API server did not answer", "err", err.Error())
+		return nil, fromNothing
+	}
+	return pending, fromAPIServer
+}
+
+// livePending returns the pending containers of the pods the kubelet
+// lists, as the API server has the pods now.
+func (a *allocator) livePending(ctx context.Context, held map[containerRef][]string, listed map[types.NamespacedName]bool) ([]pendingContainer, error) {
+	if a.live == nil {
+		return nil, errors.New("no API server to read the pods from")
 	}
 	pods, err := a.livePods(ctx)
 	if err != nil {
-		a.logger.V(2).Info("The pod view shows no pod the kubelet admits, and the API server did not answer", "err", err.Error())
-		return nil, false
+		return nil, err
 	}
-	return admitted(pods), true
+	return listedPending(a.pendingContainers(pods, held), listed), nil
+}
+
+// listedPending keeps the containers of pending whose pods are in listed.
+func listedPending(pending []pendingContainer, listed map[types.NamespacedName]bool) []pendingContainer {
+	return slices.DeleteFunc(pending, func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
 }
 
 // pendingContainers lists the containers of pods (the pods bound to this
