@@ -21,10 +21,10 @@ const restartTimeout = 2 * time.Minute
 // a random component and starts it again, or injects a random XID into a random fake GPU, or
 // resets a GPU that an XID left waiting for one. Each restart completes, readiness included,
 // before the next fault, also when ctx ends in between, so that the cluster is whole when chaos
-// returns. A component that does not come back is a violation.
+// returns; the restart holds the component's lock (parts), so that the supervisor leaves it
+// alone. A component that does not come back is a violation.
 func (s *soak) chaos(ctx context.Context, rng *rand.Rand) {
 	for pause(ctx, between(rng, time.Second, 4*time.Second)) {
-		s.superviseNow()
 		kind, err := s.fault(rng)
 		s.tally.add(func(r *Report) { r.Faults[kind]++ })
 		if err != nil {
@@ -53,17 +53,17 @@ func (s *soak) fault(rng *rand.Rand) (string, error) {
 	}
 	switch rng.IntN(9) {
 	case 0:
-		return "kubelet " + signal, s.restartKubelet(ctx, rng, n, kill)
+		return "kubelet " + signal, s.parts.hold(kubeletPart(n), func() error { return s.restartKubelet(ctx, rng, n, kill) })
 	case 1:
-		return "device plugin " + signal, s.restartPlugin(ctx, rng, n, kill)
+		return "device plugin " + signal, s.parts.hold(pluginPart(n), func() error { return s.restartPlugin(ctx, rng, n, kill) })
 	case 2:
-		return "extender " + signal, s.c.Restart(ctx, cluster.ExtenderName, kill)
+		return "extender " + signal, s.restart(ctx, cluster.ExtenderName, kill)
 	case 3:
-		return "kube-scheduler " + signal, s.c.Restart(ctx, cluster.KubeSchedulerName, kill)
+		return "kube-scheduler " + signal, s.restart(ctx, cluster.KubeSchedulerName, kill)
 	case 4:
-		return "webhook " + signal, s.c.Restart(ctx, cluster.WebhookName, kill)
+		return "webhook " + signal, s.restart(ctx, cluster.WebhookName, kill)
 	case 5:
-		return "kube-apiserver " + signal, s.c.Restart(ctx, cluster.APIServerName, kill)
+		return "kube-apiserver " + signal, s.restart(ctx, cluster.APIServerName, kill)
 	case 6:
 		if node, gpu, ok := s.takeReset(rng); ok {
 			return "GPU reset", s.inject(node, nvidia.FakeFault{GPU: gpu, Reset: true})
@@ -72,6 +72,11 @@ func (s *soak) fault(rng *rand.Rand) (string, error) {
 	default:
 		return s.injectXID(rng, n)
 	}
+}
+
+// restart restarts the cluster component name, its lock held.
+func (s *soak) restart(ctx context.Context, name string, kill bool) error {
+	return s.parts.hold(name, func() error { return s.c.Restart(ctx, name, kill) })
 }
 
 // restartKubelet ends n's kubelet, waits a moment, and starts it again.

@@ -75,6 +75,9 @@ type soak struct {
 	// specUnusedSince is, by path, since when each CDI spec of the plugins has been found
 	// unused (checkCDISpecs); only the check loop, then settle, use it.
 	specUnusedSince map[string]time.Time
+	// parts holds the restart lock of each component, shared by the chaos loop and the
+	// supervisor.
+	parts *parts
 	// mu guards the chaos loop's record of the GPUs that wait for a reset, by node and index.
 	mu         sync.Mutex
 	needsReset map[string]map[int]bool
@@ -93,7 +96,7 @@ func Run(ctx context.Context, c *cluster.Cluster, opts Options) (*Report, error)
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	s := &soak{c: c, opts: opts, ns: opts.Namespace, tally: newTally(), seen: newSeen(), rc: newRecordCheck(), needsReset: map[string]map[int]bool{}}
+	s := &soak{c: c, opts: opts, ns: opts.Namespace, tally: newTally(), seen: newSeen(), rc: newRecordCheck(), parts: newParts(), needsReset: map[string]map[int]bool{}}
 	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create namespace %s: %w", s.ns, err)
 	}
@@ -123,7 +126,8 @@ func Run(ctx context.Context, c *cluster.Cluster, opts Options) (*Report, error)
 			}
 		})
 	}
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); s.superviseLoop(chaosCtx) }()
 	go func() { defer wg.Done(); s.drive(chaosCtx, rand.New(rand.NewPCG(opts.Seed, 1))) }() //nolint:gosec // G404: reproducible test choices
 	go func() { defer wg.Done(); s.chaos(chaosCtx, rand.New(rand.NewPCG(opts.Seed, 2))) }() //nolint:gosec // G404: reproducible test choices
 	go func() { defer wg.Done(); s.checkLoop(chaosCtx) }()
