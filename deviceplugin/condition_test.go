@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
+	"github.com/gpuslice/gpuslice/node/publish"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -34,32 +35,32 @@ func TestDesiredCondition(t *testing.T) {
 		name   string
 		reg    registration
 		node   vgpu.NodeInventory
-		want   wantCondition
+		want   publish.Condition
 		wantOK bool
 	}{{
 		name:   "registered with healthy GPUs",
 		reg:    registration{Registered: true},
 		node:   healthy,
-		want:   wantCondition{corev1.ConditionTrue, vgpu.ReasonRegistered, "registered hami.io/gpu with the kubelet: 3 of 3 GPUs healthy, 10 devices each"},
+		want:   publish.Condition{Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered, Message: "registered hami.io/gpu with the kubelet: 3 of 3 GPUs healthy, 10 devices each"},
 		wantOK: true,
 	}, {
 		name: "registered with every GPU unhealthy",
 		reg:  registration{Registered: true},
 		node: sick,
-		want: wantCondition{corev1.ConditionFalse, vgpu.ReasonNoHealthyGPUs,
-			"registered hami.io/gpu with the kubelet, but all 3 GPUs are unhealthy (GPU-aaaaaaaa-0000-0000-0000-000000000000, GPU-aaaaaaaa-0000-0000-0000-000000000001, GPU-bbbbbbbb-0000-0000-0000-000000000002); see the GPUUnhealthy events"},
+		want: publish.Condition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs,
+			Message: "registered hami.io/gpu with the kubelet, but all 3 GPUs are unhealthy (GPU-aaaaaaaa-0000-0000-0000-000000000000, GPU-aaaaaaaa-0000-0000-0000-000000000001, GPU-bbbbbbbb-0000-0000-0000-000000000002); see the GPUUnhealthy events"},
 		wantOK: true,
 	}, {
 		name:   "registered with every GPU excluded",
 		reg:    registration{Registered: true},
 		node:   none,
-		want:   wantCondition{corev1.ConditionFalse, vgpu.ReasonNoHealthyGPUs, "registered hami.io/gpu with the kubelet, but no GPU is advertised (excludeGPUs leaves none)"},
+		want:   publish.Condition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs, Message: "registered hami.io/gpu with the kubelet, but no GPU is advertised (excludeGPUs leaves none)"},
 		wantOK: true,
 	}, {
 		name:   "a registration problem",
 		reg:    registration{Problem: vgpu.ReasonRegisterFailed, Detail: "the kubelet did not accept the registration: boom"},
 		node:   healthy,
-		want:   wantCondition{corev1.ConditionFalse, vgpu.ReasonRegisterFailed, "the kubelet did not accept the registration: boom"},
+		want:   publish.Condition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonRegisterFailed, Message: "the kubelet did not accept the registration: boom"},
 		wantOK: true,
 	}, {
 		name: "nothing known yet",
@@ -78,24 +79,6 @@ func TestDesiredCondition(t *testing.T) {
 	}
 }
 
-func TestNextConditionKeepsTransitionTime(t *testing.T) {
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	t1 := t0.Add(time.Minute)
-	old := &corev1.NodeCondition{Type: vgpu.ConditionRegistered, Status: corev1.ConditionFalse, Reason: vgpu.ReasonKubeletSocketMissing, Message: "m",
-		LastHeartbeatTime: metav1.NewTime(t0), LastTransitionTime: metav1.NewTime(t0)}
-	if _, changed := nextCondition(old, wantCondition{corev1.ConditionFalse, vgpu.ReasonKubeletSocketMissing, "m"}, t1); changed {
-		t.Error("the same condition counts as a change")
-	}
-	got, changed := nextCondition(old, wantCondition{corev1.ConditionFalse, vgpu.ReasonRegisterFailed, "n"}, t1)
-	if !changed || !got.LastTransitionTime.Time.Equal(t0) || !got.LastHeartbeatTime.Time.Equal(t1) {
-		t.Errorf("reason change: changed=%v transition=%v heartbeat=%v, want true %v %v", changed, got.LastTransitionTime, got.LastHeartbeatTime, t0, t1)
-	}
-	got, _ = nextCondition(old, wantCondition{corev1.ConditionTrue, vgpu.ReasonRegistered, "ok"}, t1)
-	if !got.LastTransitionTime.Time.Equal(t1) {
-		t.Errorf("status change: transition=%v, want %v", got.LastTransitionTime, t1)
-	}
-}
-
 // registeredCondition returns the Node's condition as status/reason.
 func registeredCondition(n *corev1.Node) string {
 	c, ok := vgpu.RegisteredCondition(n)
@@ -107,7 +90,7 @@ func registeredCondition(n *corev1.Node) string {
 
 // TestPublisherCondition follows the condition through the plugin's states
 // on client-go's fake API: a problem with no condition yet is written at
-// once, registration turns it True, a later problem waits conditionGrace,
+// once, registration turns it True, a later problem waits publish.ConditionGrace,
 // a stop writes PluginStopped, and nothing is rewritten without a change.
 func TestPublisherCondition(t *testing.T) {
 	f := newPublishFixture(t)
@@ -136,7 +119,7 @@ func TestPublisherCondition(t *testing.T) {
 	if got := f.statusWrites(); got != writes {
 		t.Errorf("condition written %d times within the grace, want 0", got-writes)
 	}
-	f.clock.Step(conditionGrace)
+	f.clock.Step(publish.ConditionGrace)
 	f.waitFor("KubeletSocketMissing after the grace", func(n *corev1.Node, _ vgpu.PluginHeartbeat, _ time.Time) bool {
 		return registeredCondition(n) == "False/KubeletSocketMissing"
 	})

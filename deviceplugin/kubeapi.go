@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuslice/gpuslice/node/publish"
 )
 
 // API is the plugin's access to the Kubernetes API server: its own Node,
@@ -24,22 +26,8 @@ import (
 // errors as they come, so that apierrors.IsNotFound and the like work on
 // them.
 type API interface {
-	// GetNode returns the Node name.
-	GetNode(ctx context.Context, name string) (*corev1.Node, error)
-	// PatchNode applies the JSON merge patch data to the Node name and
-	// returns the Node as the API server stored it.
-	PatchNode(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error)
-	// PatchNodeStatus applies the strategic merge patch data to the status
-	// of the Node name (conditions merge by type) and returns the Node as
-	// the API server stored it.
-	PatchNodeStatus(ctx context.Context, name string, data []byte, opts metav1.PatchOptions) (*corev1.Node, error)
-	// GetLease returns the Lease namespace/name.
-	GetLease(ctx context.Context, namespace, name string) (*coordinationv1.Lease, error)
-	// CreateLease creates lease in lease.Namespace and returns it as stored.
-	CreateLease(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
-	// UpdateLease replaces lease (its resourceVersion is the
-	// precondition) and returns it as stored.
-	UpdateLease(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+	// The Node and the heartbeat Lease, for the publisher.
+	publish.API
 	// NodePods lists and watches, for an informer, the pods in every
 	// namespace whose spec.nodeName is node. The API server filters them.
 	NodePods(node string) cache.ListerWatcher

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/publish"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -92,17 +92,7 @@ type Plugin struct {
 }
 
 // registration is the plugin's standing with the kubelet.
-type registration struct {
-	Registered bool
-	// Since is when Registered last changed, or when the current Problem
-	// began.
-	Since  time.Time
-	Socket string
-	// Problem, while not registered, is why (a vgpu.Reason… constant of
-	// vgpu.ConditionRegistered) and Detail says it for a user; empty
-	// before the first registration attempt and between rounds.
-	Problem, Detail string
-}
+type registration = publish.Registration
 
 // New validates cfg and returns a plugin that is not yet running, with its
 // metrics registered (Options.Registry).
@@ -238,8 +228,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { p.watchHealth(ctx, inv) })
 	if p.opts.Client != nil {
-		pub := &publisher{client: p.opts.Client, cfg: p.cfg, clock: p.opts.Clock, inv: inv, plugin: p, version: p.opts.PluginVersion}
-		wg.Go(func() { pub.run(ctx) })
+		pub, err := publish.New(p.opts.Client, p.publishConfig(), publishSource{p: p, inv: inv}, p.opts.Clock)
+		if err != nil {
+			cancel()
+			return err
+		}
+		wg.Go(func() { pub.Run(ctx) })
 	} else {
 		logger.Info("No API server configured: inventory, heartbeat and ready label are not published")
 	}

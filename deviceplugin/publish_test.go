@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
+	"github.com/gpuslice/gpuslice/node/publish"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -77,10 +78,13 @@ func newPublishFixture(t *testing.T, objs ...runtime.Object) *publishFixture {
 func (f *publishFixture) start() {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(f.t, ktesting.DefaultConfig)))
 	f.cancel = cancel
-	pub := &publisher{client: clientset.New(f.client), cfg: f.plugin.cfg, clock: f.clock, inv: f.inv, plugin: f.plugin, version: "v-test"}
+	pub, err := publish.New(clientset.New(f.client), f.plugin.publishConfig(), publishSource{p: f.plugin, inv: f.inv}, f.clock)
+	if err != nil {
+		f.t.Fatal(err)
+	}
 	go func() {
 		defer close(f.done)
-		pub.run(ctx)
+		pub.Run(ctx)
 	}()
 	f.t.Cleanup(func() { cancel(); <-f.done })
 }
@@ -206,7 +210,7 @@ func TestPublisherLeaseLabel(t *testing.T) {
 				Name: vgpu.HeartbeatLeaseName("node-1"), Namespace: vgpu.DefaultHeartbeatNamespace, Labels: labels,
 				Annotations: map[string]string{vgpu.AnnotationPluginHeartbeat: `{"version":1}`},
 			},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holderIdentity("node-1")), RenewTime: &metav1.MicroTime{}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(publish.HolderIdentity(fieldManager, "node-1")), RenewTime: &metav1.MicroTime{}},
 		}
 	}
 	tests := []struct {
@@ -251,14 +255,14 @@ func TestPublisherRetriesWhileAPIServerDown(t *testing.T) {
 	// Let the publisher fail a few times, stepping through its back-off.
 	for range 5 {
 		f.waitTimer()
-		f.clock.Step(publishRetryMax)
+		f.clock.Step(publish.RetryMax)
 	}
 	f.setFailing(false)
 	for range 100 {
 		if f.nodeWrites() > 0 {
 			break
 		}
-		f.clock.Step(publishRetryMax)
+		f.clock.Step(publish.RetryMax)
 		_ = wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 			return f.nodeWrites() > 0, nil
 		})

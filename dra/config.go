@@ -3,7 +3,9 @@ package dra
 import (
 	"fmt"
 	"path"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpuslice/gpuslice/internal/configfile"
@@ -30,6 +32,10 @@ const (
 	DefaultMemoryScaling = 1.0
 	// MaxMemoryScaling bounds MemoryScaling.
 	MaxMemoryScaling = 10.0
+	// DefaultLeaseDuration and DefaultLeaseRenew time the heartbeat Lease,
+	// as the device plugin's.
+	DefaultLeaseDuration = 40 * time.Second
+	DefaultLeaseRenew    = 10 * time.Second
 )
 
 // Config is the DRA driver's configuration. DefaultConfig fills it; Validate
@@ -61,6 +67,13 @@ type Config struct {
 	Enforcement handoff.EnforcementConfig `json:"enforcement"`
 	// MPSDir is the host folder of the MPS daemons' pipes.
 	MPSDir string `json:"mpsDir"`
+	// HeartbeatNamespace is where the node's heartbeat Lease lives (the
+	// device plugin's, vgpu.HeartbeatLeaseName), beside the kubelets'.
+	HeartbeatNamespace string `json:"heartbeatNamespace"`
+	// LeaseDuration is the heartbeat Lease's leaseDurationSeconds.
+	LeaseDuration metav1.Duration `json:"leaseDuration"`
+	// LeaseRenew is how often the Lease is renewed; below LeaseDuration.
+	LeaseRenew metav1.Duration `json:"leaseRenew"`
 	// HealthAddress is the host:port of the probe endpoints (/healthz,
 	// /readyz: Driver.Ready); empty serves none.
 	HealthAddress string `json:"healthAddress,omitempty"`
@@ -78,6 +91,10 @@ func DefaultConfig() Config {
 		StateDir:       path.Join(DefaultPluginsDir, DefaultDriverName, "state"),
 		Enforcement:    handoff.EnforcementConfig{Enforcement: handoff.EnforcementAuto, MPSControl: handoff.DefaultMPSControl},
 		MPSDir:         handoff.DefaultMPSDir,
+
+		HeartbeatNamespace: vgpu.DefaultHeartbeatNamespace,
+		LeaseDuration:      metav1.Duration{Duration: DefaultLeaseDuration},
+		LeaseRenew:         metav1.Duration{Duration: DefaultLeaseRenew},
 	}
 }
 
@@ -103,6 +120,12 @@ func (c Config) Validate() error {
 	}
 	if port, ok := configfile.Port(c.HealthAddress); c.HealthAddress != "" && (!ok || port < 1) {
 		return vgpu.InvalidField("healthAddress", c.HealthAddress, `must be empty (no probe endpoints) or host:port with a port from 1 to 65535, e.g. ":8091"`)
+	}
+	if msgs := validation.IsDNS1123Label(c.HeartbeatNamespace); len(msgs) > 0 {
+		return vgpu.InvalidField("heartbeatNamespace", c.HeartbeatNamespace, "must be a namespace name: "+msgs[0])
+	}
+	if c.LeaseRenew.Duration <= 0 || c.LeaseDuration.Duration <= c.LeaseRenew.Duration {
+		return vgpu.InvalidField("leaseRenew", c.LeaseRenew.Duration.String(), fmt.Sprintf("must be above 0 and below leaseDuration (%s)", c.LeaseDuration.Duration))
 	}
 	if !handoff.ValidEnforcement(c.Enforcement.Enforcement) {
 		return vgpu.InvalidField("enforcement", c.Enforcement.Enforcement, "must be auto, driver, hami-core, mps or none")

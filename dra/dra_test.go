@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,7 @@ import (
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/publish"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -250,4 +252,28 @@ func (b staticBackend) GPUs() ([]vgpu.GPU, error) { return b, nil }
 func (staticBackend) WatchHealth(ctx context.Context, _ chan<- vgpu.HealthEvent) error {
 	<-ctx.Done()
 	return nil
+}
+
+func TestDRACondition(t *testing.T) {
+	node := vgpu.NodeInventory{Node: "node-a", GPUs: []vgpu.GPU{{UUID: "GPU-0", Health: vgpu.Healthy}, {UUID: "GPU-1", Health: vgpu.Unhealthy}}}
+	sick := vgpu.NodeInventory{Node: "node-a", GPUs: []vgpu.GPU{{UUID: "GPU-1", Health: vgpu.Unhealthy}}}
+	for _, tt := range []struct {
+		name   string
+		reg    publish.Registration
+		node   vgpu.NodeInventory
+		want   publish.Condition
+		wantOK bool
+	}{
+		{"registered", publish.Registration{Registered: true}, node, publish.Condition{Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered,
+			Message: "registered DRA driver gpuslice.hami.io with the kubelet: 1 of 2 GPUs healthy, in ResourceSlice pool node-a"}, true},
+		{"all unhealthy", publish.Registration{Registered: true}, sick, publish.Condition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs,
+			Message: "registered DRA driver gpuslice.hami.io with the kubelet, but all 1 GPUs are unhealthy: their devices are tainted"}, true},
+		{"refused", publish.Registration{Problem: vgpu.ReasonRegisterFailed, Detail: "boom"}, node, publish.Condition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonRegisterFailed, Message: "boom"}, true},
+		{"not yet", publish.Registration{}, node, publish.Condition{}, false},
+	} {
+		got, ok := draCondition("gpuslice.hami.io", tt.reg, tt.node)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("%s: %+v %t, want %+v %t", tt.name, got, ok, tt.want, tt.wantOK)
+		}
+	}
 }

@@ -21,6 +21,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/publish"
+	publishclient "github.com/gpuslice/gpuslice/node/publish/clientset"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -44,6 +46,8 @@ type Options struct {
 	// Published, if set, is called after every ResourceSlice update the
 	// driver hands the helper, with the devices published.
 	Published func(devices []resourceapi.Device)
+	// Version is the driver's build version, written into its heartbeat.
+	Version string
 }
 
 // Driver is the DRA kubelet plugin. Create it with New and run it with Run;
@@ -59,6 +63,12 @@ type Driver struct {
 	builder        *handoff.Builder
 	helper         *kubeletplugin.Helper
 	published      bool // a ResourceSlice was handed to the helper
+	mech           vgpu.Enforcement
+	// reg is the kubelet's answer to the registration (pollRegistration);
+	// regSig and invSig are closed and replaced when reg or the GPUs'
+	// health change, to wake the publisher.
+	reg            publish.Registration
+	regSig, invSig chan struct{}
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -77,13 +87,15 @@ func New(cfg Config, backend GPUBackend, opts Options) (*Driver, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Driver{cfg: cfg, backend: backend, opts: opts, unhealthySince: map[string]metav1.Time{}}, nil
+	return &Driver{cfg: cfg, backend: backend, opts: opts, unhealthySince: map[string]metav1.Time{}, regSig: make(chan struct{}), invSig: make(chan struct{})}, nil
 }
 
 // Run lists the GPUs, chooses the enforcement mechanism, starts the
 // kubelet plugin (registration and DRA sockets), publishes the node's
 // ResourceSlice and keeps it current with GPU health until ctx ends, then
-// stops the plugin. The ResourceSlice stays: running pods keep their
+// stops the plugin. Meanwhile a publisher (node/publish) keeps the Node's
+// vgpu.ConditionRegistered and the heartbeat Lease current, as the device
+// plugin's does. The ResourceSlice stays: running pods keep their
 // devices while the driver restarts. It returns an error only when it
 // cannot start.
 func (d *Driver) Run(ctx context.Context) error {
@@ -113,6 +125,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	d.gpus = gpus
+	d.mech = mech
 	d.builder = &handoff.Builder{
 		NodeName: d.cfg.NodeName, GPU: d.gpuByUUID, SharedCacheDir: d.cfg.SharedCacheDir, FakeGPUs: d.cfg.FakeGPUs != "",
 		Enforcement: mech, HostLibVGPU: d.cfg.Enforcement.HostLibVGPU, StateDir: d.cfg.StateDir, MPSDir: d.cfg.MPSDir,
@@ -139,9 +152,15 @@ func (d *Driver) Run(ctx context.Context) error {
 		return err
 	}
 
+	pub, err := publish.New(publishclient.New(d.opts.Client), d.publishConfig(d.opts.Version), d, nil)
+	if err != nil {
+		return err
+	}
 	events := make(chan vgpu.HealthEvent)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Go(func() { d.pollRegistration(ctx) })
+	wg.Go(func() { pub.Run(ctx) })
 	wg.Go(func() {
 		if err := d.backend.WatchHealth(ctx, events); err != nil {
 			logger.Error(err, "GPU health watch ended; health changes will not be seen")
@@ -157,6 +176,7 @@ func (d *Driver) Run(ctx context.Context) error {
 				if err := d.publish(ctx); err != nil {
 					logger.Error(err, "Publishing the ResourceSlice")
 				}
+				d.inventoryChanged()
 			}
 		}
 	}

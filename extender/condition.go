@@ -44,6 +44,9 @@ type nodeRegistration struct {
 	// renewTime (zero when unset).
 	hasLease  bool
 	renewTime time.Time
+	// dra is true when the heartbeat is a DRA driver's (vgpu.NodeModeDRA):
+	// its node has no allocatable extended resource to judge.
+	dra bool
 }
 
 // registrations returns the known nodes that carry vgpu.ConditionRegistered,
@@ -59,6 +62,7 @@ func (st *clusterState) registrations() []nodeRegistration {
 		r := nodeRegistration{name: n.name, condition: *n.registered, allocatable: n.allocatable, kubeletReady: n.kubeletReady}
 		if n.lease != nil {
 			r.hasLease, r.renewTime = true, n.lease.renewTime
+			r.dra = n.lease.heartbeatErr == nil && n.lease.heartbeat.Mode == vgpu.NodeModeDRA
 		}
 		out = append(out, r)
 	}
@@ -85,14 +89,18 @@ func judgeRegistration(r nodeRegistration, now, zeroSince time.Time, maxAge time
 	lease := heartbeatNamespace + "/" + vgpu.HeartbeatLeaseName(r.name)
 	stale := !r.hasLease || r.renewTime.IsZero() || now.Sub(r.renewTime) > maxAge
 	if stale && c.Status != corev1.ConditionUnknown && c.Reason != vgpu.ReasonPluginStopped && c.Reason != vgpu.ReasonDriverNotFound {
-		msg := fmt.Sprintf("the device plugin's heartbeat Lease %s is missing: the plugin is not running or cannot reach the API server", lease)
+		agent := "device plugin"
+		if r.dra {
+			agent = "DRA driver"
+		}
+		msg := fmt.Sprintf("the %s's heartbeat Lease %s is missing: it is not running or cannot reach the API server", agent, lease)
 		if r.hasLease && !r.renewTime.IsZero() {
-			msg = fmt.Sprintf("the device plugin's heartbeat Lease %s was last renewed at %s, more than %s ago: the plugin is not running or cannot reach the API server (it last reported %s)",
-				lease, r.renewTime.UTC().Format(time.RFC3339), maxAge, c.Reason)
+			msg = fmt.Sprintf("the %s's heartbeat Lease %s was last renewed at %s, more than %s ago: it is not running or cannot reach the API server (it last reported %s)",
+				agent, lease, r.renewTime.UTC().Format(time.RFC3339), maxAge, c.Reason)
 		}
 		return registrationVerdict{corev1.ConditionUnknown, vgpu.ReasonHeartbeatStale, msg}, true
 	}
-	if !stale && c.Status == corev1.ConditionTrue && r.allocatable == 0 && !zeroSince.IsZero() && now.Sub(zeroSince) >= maxAge {
+	if !stale && !r.dra && c.Status == corev1.ConditionTrue && r.allocatable == 0 && !zeroSince.IsZero() && now.Sub(zeroSince) >= maxAge {
 		return registrationVerdict{corev1.ConditionFalse, vgpu.ReasonNoAllocatableGPUs, fmt.Sprintf(
 			"allocatable %s has been 0 for more than %s although the device plugin reported Registered: the kubelet lists none of its devices (kubelet restarted and the plugin has not registered again?)",
 			resource, maxAge)}, true

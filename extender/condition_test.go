@@ -58,6 +58,9 @@ func TestJudgeRegistration(t *testing.T) {
 		{name: "allocatable 0 under a False condition", r: with(func(r *nodeRegistration) {
 			r.allocatable, r.condition = 0, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs}
 		}), zeroSince: now.Add(-2 * maxAge)},
+		{name: "DRA node: allocatable 0 is its normal", r: with(func(r *nodeRegistration) { r.allocatable, r.dra = 0, true }), zeroSince: now.Add(-2 * maxAge)},
+		{name: "DRA node: stale heartbeat", r: with(func(r *nodeRegistration) { r.allocatable, r.dra, r.renewTime = 0, true, now.Add(-2*maxAge) }),
+			wantStatus: corev1.ConditionUnknown, wantReason: vgpu.ReasonHeartbeatStale, wantIn: "the DRA driver's heartbeat Lease kube-node-lease/gpuslice-n1 was last renewed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

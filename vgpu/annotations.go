@@ -227,7 +227,7 @@ func EncodePluginHeartbeat(h PluginHeartbeat) (string, error) {
 	}
 	return encode(AnnotationPluginHeartbeat, pluginHeartbeatV1{
 		Version: CurrentVersion, Node: &h.Node, PluginVersion: &h.PluginVersion,
-		ResourceName: &h.ResourceName, Registered: &h.Registered, RegisteredAt: &at, Socket: &h.Socket,
+		ResourceName: &h.ResourceName, Registered: &h.Registered, RegisteredAt: &at, Socket: &h.Socket, Mode: h.Mode,
 	})
 }
 
@@ -247,6 +247,7 @@ func ParsePluginHeartbeat(s string) (PluginHeartbeat, error) {
 		ResourceName:  need(&r, w.ResourceName, "resourceName"),
 		Registered:    need(&r, w.Registered, "registered"),
 		Socket:        need(&r, w.Socket, "socket"),
+		Mode:          w.Mode,
 	}
 	var errs []error
 	if at := need(&r, w.RegisteredAt, "registeredAt"); at != "" {
@@ -347,6 +348,8 @@ type pluginHeartbeatV1 struct {
 	Registered    *bool   `json:"registered"`
 	RegisteredAt  *string `json:"registeredAt"`
 	Socket        *string `json:"socket"`
+	// Mode is optional: absent is the device plugin.
+	Mode string `json:"mode,omitempty"`
 }
 
 type podAllocationV1 struct {

@@ -55,6 +55,10 @@ func IsHeartbeatLeaseName(name string) bool {
 type PluginHeartbeat struct {
 	// Node is the name of the Node the plugin runs on; never empty.
 	Node string
+	// Mode is the node agent's mode: "" for the device plugin, NodeModeDRA
+	// for the DRA driver (whose ResourceName is its driver name, and whose
+	// node has no allocatable ResourceGPU).
+	Mode string
 	// PluginVersion is the plugin's build version; empty means unknown.
 	PluginVersion string
 	// ResourceName is the extended resource the plugin registered, normally
@@ -82,6 +86,9 @@ func (h PluginHeartbeat) Validate() error {
 	}
 	if h.ResourceName == "" {
 		errs = append(errs, errors.New("resourceName: must not be empty"))
+	}
+	if h.Mode != "" && h.Mode != NodeModeDRA {
+		errs = append(errs, fmt.Errorf("mode=%q: must be empty (the device plugin) or %q", h.Mode, NodeModeDRA))
 	}
 	if y := h.RegisteredAt.UTC().Year(); !h.RegisteredAt.IsZero() && (y < 0 || y > 9999) {
 		errs = append(errs, fmt.Errorf("registeredAt=%s: year must be from 0 to 9999", h.RegisteredAt))

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -24,6 +25,8 @@ import (
 	"github.com/gpuslice/gpuslice/internal/probe"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/node/nvidia"
+	"github.com/gpuslice/gpuslice/node/publish"
+	publishclient "github.com/gpuslice/gpuslice/node/publish/clientset"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -77,11 +80,20 @@ func run(args []string) int {
 		return 2
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		// Say why on the Node, as the device plugin does, so that doctor
+		// and kubectl describe node tell it without the driver's log.
+		if errors.Is(err, nvidia.ErrNoDriver) {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if rerr := publish.ReportStartFailure(rctx, publishclient.New(client), cfg.NodeName, dra.FieldManager, vgpu.ReasonDriverNotFound, err.Error(), time.Now()); rerr != nil {
+				fmt.Fprintf(os.Stderr, "%s: could not set the node condition: %v\n", name, rerr)
+			}
+		}
 		return 1
 	}
 	defer func() { _ = backend.Close() }()
 
-	driver, err := dra.New(cfg, backend, dra.Options{Client: client, Facts: facts})
+	driver, err := dra.New(cfg, backend, dra.Options{Client: client, Facts: facts, Version: version})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2

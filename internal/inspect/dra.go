@@ -16,7 +16,8 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// DRA-mode nodes publish no inventory annotation, heartbeat or ready label: their GPUs are the
+// DRA-mode nodes publish no inventory annotation or ready label, only the node condition and the
+// heartbeat Lease: their GPUs are the
 // devices of the gpuslice DRA driver's ResourceSlices and what pods hold is the allocation of
 // their ResourceClaims, which kube-scheduler wrote. Status and Doctor read both.
 
@@ -148,8 +149,9 @@ func claimPods(c resourcev1.ResourceClaim) []string {
 	return out
 }
 
-// draNodeChecks are doctor's checks of a DRA-mode node: the driver publishes its GPUs, and
-// none is tainted.
+// draNodeChecks are doctor's checks of a DRA-mode node: the driver publishes its GPUs, none is
+// tainted, and its node condition and heartbeat Lease (node/publish, as the device plugin's)
+// say it is registered and alive.
 func (s *Snapshot) draNodeChecks(n *corev1.Node) []Check {
 	devices, _ := s.draDevices(n.Name)
 	fix := fmt.Sprintf("kubectl get resourceslices --field-selector spec.nodeName=%s,spec.driver=%s -o yaml; read the DRA driver's log on %s (kubectl -n <release namespace> logs -l %s=dra-plugin --field-selector spec.nodeName=%s)",
@@ -169,7 +171,8 @@ func (s *Snapshot) draNodeChecks(n *corev1.Node) []Check {
 		health = Check{Name: "dra-health", Result: Warn, Message: "tainted (no new claims there): " + strings.Join(tainted, ", "),
 			Fix: "see the GPU's XIDs in the driver's log and docs/health.md; the taint goes when the GPU recovers"}
 	}
-	return append(checks, health)
+	lease, hasLease := s.Leases[n.Name]
+	return append(checks, health, checkCondition(n, "DRA driver"), s.checkHeartbeat(n, lease, hasLease, nil, "DRA driver").Check)
 }
 
 // draSummary is the SLICES cell of a DRA-mode GPU: its allocations, which no split count bounds.

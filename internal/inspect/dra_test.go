@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/vgpu"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
 // draDevice is one GPU as the DRA driver publishes it.
@@ -55,7 +56,10 @@ func draClaim(pod, node, device string, memMiB, cores int64) resourcev1.Resource
 // plugin's.
 func TestStatusAndDoctorDRA(t *testing.T) {
 	s := fixture()
-	s.Nodes = append(s.Nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dra-1", Labels: map[string]string{vgpu.LabelNodeMode: vgpu.NodeModeDRA}}})
+	s.Nodes = append(s.Nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dra-1", Labels: map[string]string{vgpu.LabelNodeMode: vgpu.NodeModeDRA}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: vgpu.ConditionRegistered, Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered,
+			Message: "registered DRA driver gpuslice.hami.io with the kubelet: 1 of 2 GPUs healthy, in ResourceSlice pool dra-1"}}}})
+	s.Leases["dra-1"] = *vgputest.HeartbeatLease("dra-1", s.Now).Obj()
 	s.ResourceSlices = []resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{
 		Driver: DRADriverName, NodeName: ptr.To("dra-1"), Pool: resourcev1.ResourcePool{Name: "dra-1"},
 		Devices: []resourcev1.Device{draDevice(0, "GPU-d0", false), draDevice(1, "GPU-d1", true)},
@@ -101,6 +105,9 @@ func TestStatusAndDoctorDRA(t *testing.T) {
 		{Node: "dra-1", Name: "dra-driver", Result: Pass, Message: "DRA mode: the driver publishes 2 GPUs"},
 		{Node: "dra-1", Name: "dra-health", Result: Warn, Message: "tainted (no new claims there): gpu-1 (gpuslice.hami.io/unhealthy=Unhealthy)",
 			Fix: "see the GPU's XIDs in the driver's log and docs/health.md; the taint goes when the GPU recovers"},
+		{Node: "dra-1", Name: "condition", Result: Pass,
+			Message: "GPUSliceRegistered=True (Registered): registered DRA driver gpuslice.hami.io with the kubelet: 1 of 2 GPUs healthy, in ResourceSlice pool dra-1"},
+		{Node: "dra-1", Name: "heartbeat", Result: Pass, Message: "Lease kube-node-lease/gpuslice-dra-1 renewed 0s ago (duration 40s, plugin test)"},
 	}
 	if diff := cmp.Diff(wantChecks, checks); diff != "" {
 		t.Errorf("doctor checks of dra-1 (-want +got):\n%s", diff)

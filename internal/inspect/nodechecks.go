@@ -19,7 +19,7 @@ import (
 func (s *Snapshot) nodeChecks(n *corev1.Node) []Check {
 	pod := s.pluginPod(n.Name)
 	lease, hasLease := s.Leases[n.Name]
-	hb := s.checkHeartbeat(n, lease, hasLease, pod)
+	hb := s.checkHeartbeat(n, lease, hasLease, pod, "device plugin")
 	podCheck := s.checkPluginPod(n, pod)
 	if pod == nil && hb.fresh && hb.heartbeat != nil && hb.heartbeat.Registered {
 		podCheck.Result = Warn
@@ -29,7 +29,7 @@ func (s *Snapshot) nodeChecks(n *corev1.Node) []Check {
 	if pod != nil {
 		checks = append(checks, checkPluginReady(pod))
 	}
-	cond := checkCondition(n)
+	cond := checkCondition(n, "device plugin")
 	checks = append(checks, cond, s.checkAllocatable(n, pod), checkReadyLabel(n, pod), hb.Check, checkInventory(n), s.checkKubeletSocket(n, hb, pod))
 	return checks
 }
@@ -124,7 +124,9 @@ var registrationFixes = map[string]string{
 	vgpu.ReasonNoAllocatableGPUs:    "the plugin says registered but the kubelet reports no allocatable hami.io/gpu: restart the plugin pod, and read the kubelet's log for the device manager's errors",
 }
 
-func checkCondition(n *corev1.Node) Check {
+// checkCondition judges n's vgpu.ConditionRegistered, which agent ("device plugin", "DRA
+// driver") writes.
+func checkCondition(n *corev1.Node, agent string) Check {
 	c := Check{Name: "condition"}
 	for _, cond := range n.Status.Conditions {
 		if cond.Type != vgpu.ConditionRegistered {
@@ -138,13 +140,13 @@ func checkCondition(n *corev1.Node) Check {
 			c.Result, c.Message = Fail, msg
 			c.Fix = registrationFixes[cond.Reason]
 			if c.Fix == "" {
-				c.Fix = "the device plugin is not registered; see the plugin's log and the lines below"
+				c.Fix = "the " + agent + " is not registered; see its log and the lines below"
 			}
 		}
 		return c
 	}
 	c.Result, c.Message = Warn, fmt.Sprintf("no %s condition on the node", vgpu.ConditionRegistered)
-	c.Fix = "the device plugin here does not publish it (an older version, or it never ran); the lines below tell its state"
+	c.Fix = "the " + agent + " here does not publish it (an older version, or it never ran); the lines below tell its state"
 	return c
 }
 
@@ -212,12 +214,20 @@ type heartbeatCheck struct {
 	fresh     bool
 }
 
-func (s *Snapshot) checkHeartbeat(n *corev1.Node, l coordinationv1.Lease, ok bool, pod *corev1.Pod) heartbeatCheck {
+// checkHeartbeat judges n's heartbeat Lease l (ok: it exists), written by agent ("device
+// plugin", "DRA driver").
+func (s *Snapshot) checkHeartbeat(n *corev1.Node, l coordinationv1.Lease, ok bool, pod *corev1.Pod, agent string) heartbeatCheck {
 	c := heartbeatCheck{Check: Check{Name: "heartbeat"}}
+	restart := func() string {
+		if pod == nil && agent != "device plugin" {
+			return "restart the " + agent + "'s pod on " + n.Name + " and read its log"
+		}
+		return restartFix(pod, n.Name)
+	}
 	where := s.HeartbeatNamespace + "/" + vgpu.HeartbeatLeaseName(n.Name)
 	if !ok {
-		c.Result, c.Message = Fail, "no heartbeat Lease "+where+": the device plugin never reached the API server"
-		c.Fix = "read the plugin's log; it needs create/update on leases in " + s.HeartbeatNamespace + " (the chart's RBAC)"
+		c.Result, c.Message = Fail, "no heartbeat Lease "+where+": the "+agent+" never reached the API server"
+		c.Fix = "read the " + agent + "'s log; it needs create/update on leases in " + s.HeartbeatNamespace + " (the chart's RBAC)"
 		return c
 	}
 	if raw, has := l.Annotations[vgpu.AnnotationPluginHeartbeat]; has {
@@ -225,13 +235,13 @@ func (s *Snapshot) checkHeartbeat(n *corev1.Node, l coordinationv1.Lease, ok boo
 			c.heartbeat = &h
 		} else {
 			c.Result, c.Message = Fail, fmt.Sprintf("Lease %s: %v", where, err)
-			c.Fix = "a plugin of another version or a hand edit wrote it: " + restartFix(pod, n.Name)
+			c.Fix = "a plugin of another version or a hand edit wrote it: " + restart()
 			return c
 		}
 	}
 	if l.Spec.RenewTime == nil {
 		c.Result, c.Message = Fail, "Lease "+where+" has no renewTime: the plugin has not renewed it"
-		c.Fix = restartFix(pod, n.Name)
+		c.Fix = restart()
 		return c
 	}
 	duration := defaultLeaseDuration
@@ -245,8 +255,8 @@ func (s *Snapshot) checkHeartbeat(n *corev1.Node, l coordinationv1.Lease, ok boo
 	}
 	if age > duration {
 		c.Result = Fail
-		c.Message = fmt.Sprintf("Lease %s renewed %s ago, longer than its %s duration: the device plugin is not running or cannot reach the API server", where, age, duration)
-		c.Fix = "the scheduler extender turns the node away meanwhile; " + restartFix(pod, n.Name)
+		c.Message = fmt.Sprintf("Lease %s renewed %s ago, longer than its %s duration: the %s is not running or cannot reach the API server", where, age, duration, agent)
+		c.Fix = "the scheduler extender turns the node away meanwhile; " + restart()
 		return c
 	}
 	c.fresh = true

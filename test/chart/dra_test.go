@@ -9,6 +9,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/test/harness/apiserver"
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // draValues is the values file that turns DRA mode on.
@@ -140,6 +142,26 @@ func createDRAObjects(ctx context.Context, t *testing.T, admin kubernetes.Interf
 	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, policyBinding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The heartbeat Lease's Role, and the node policy it shares with the device plugin.
+	leaseRole, ok := findTyped[*rbacv1.Role](r, "Role", corev1.NamespaceNodeLease, name)
+	leaseBinding, ok2 := findTyped[*rbacv1.RoleBinding](r, "RoleBinding", corev1.NamespaceNodeLease, name)
+	nodePolicy, ok3 := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicy](r, "ValidatingAdmissionPolicy", "", releaseName+"-device-plugin-node")
+	nodePolicyBinding, ok4 := findTyped[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r, "ValidatingAdmissionPolicyBinding", "", releaseName+"-device-plugin-node")
+	if !ok || !ok2 || !ok3 || !ok4 {
+		t.Fatalf("the DRA render lacks the Lease Role or RoleBinding %s or the node policy %s-device-plugin-node or its binding", name, releaseName)
+	}
+	if _, err := admin.RbacV1().Roles(corev1.NamespaceNodeLease).Create(ctx, leaseRole, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(corev1.NamespaceNodeLease).Create(ctx, leaseBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, nodePolicy, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the node policy: %v", err)
+	}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, nodePolicyBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // slice is a ResourceSlice of gpuslice's driver for node.
@@ -167,38 +189,48 @@ func TestDRAPluginRBAC(t *testing.T) {
 	defer cancel()
 	createDRAObjects(ctx, t, admin, r)
 
-	type access struct{ verb, resource, group string }
+	type access struct{ verb, resource, subresource, group string }
 	rs := "resource.k8s.io"
 	tests := []struct {
 		access
 		want bool
 	}{
-		{access{"get", "resourceslices", rs}, true},
-		{access{"list", "resourceslices", rs}, true},
-		{access{"watch", "resourceslices", rs}, true},
-		{access{"create", "resourceslices", rs}, true},
-		{access{"update", "resourceslices", rs}, true},
-		{access{"delete", "resourceslices", rs}, true},
-		{access{"get", "resourceclaims", rs}, true},
-		{access{"get", "nodes", ""}, true},
-		{access{"patch", "resourceslices", rs}, false},
-		{access{"deletecollection", "resourceslices", rs}, false},
-		{access{"list", "resourceclaims", rs}, false},
-		{access{"update", "resourceclaims", rs}, false},
-		{access{"create", "deviceclasses", rs}, false},
-		{access{"patch", "nodes", ""}, false},
-		{access{"list", "pods", ""}, false},
-		{access{"get", "secrets", ""}, false},
+		{access{"get", "resourceslices", "", rs}, true},
+		{access{"list", "resourceslices", "", rs}, true},
+		{access{"watch", "resourceslices", "", rs}, true},
+		{access{"create", "resourceslices", "", rs}, true},
+		{access{"update", "resourceslices", "", rs}, true},
+		{access{"delete", "resourceslices", "", rs}, true},
+		{access{"get", "resourceclaims", "", rs}, true},
+		{access{"get", "nodes", "", ""}, true},
+		{access{"patch", "resourceslices", "", rs}, false},
+		{access{"deletecollection", "resourceslices", "", rs}, false},
+		{access{"list", "resourceclaims", "", rs}, false},
+		{access{"update", "resourceclaims", "", rs}, false},
+		{access{"create", "deviceclasses", "", rs}, false},
+		{access{"patch", "nodes", "", ""}, false},
+		{access{"list", "pods", "", ""}, false},
+		{access{"get", "secrets", "", ""}, false},
+		{access{"patch", "nodes", "status", ""}, true},
+		{access{"update", "nodes", "status", ""}, false},
+		{access{"get", "leases", "", "coordination.k8s.io"}, true},
+		{access{"create", "leases", "", "coordination.k8s.io"}, true},
+		{access{"update", "leases", "", "coordination.k8s.io"}, true},
+		{access{"delete", "leases", "", "coordination.k8s.io"}, false},
+		{access{"list", "leases", "", "coordination.k8s.io"}, false},
 	}
 	for _, tt := range tests {
 		ns := ""
-		if tt.resource == "resourceclaims" || tt.resource == "pods" || tt.resource == "secrets" {
+		switch tt.resource {
+		case "resourceclaims", "pods", "secrets":
 			ns = metav1.NamespaceDefault
+		case "leases":
+			ns = corev1.NamespaceNodeLease
 		}
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:               draPluginUser,
 			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNamespace, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: tt.verb, Group: tt.group, Resource: tt.resource},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: tt.verb, Group: tt.group, Resource: tt.resource, Subresource: tt.subresource},
 		}}
 		got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
 		if err != nil {
@@ -295,5 +327,42 @@ func TestDRAPluginRBAC(t *testing.T) {
 	}
 	if err := nodeA.ResourceV1().ResourceSlices().Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("node-a's driver deleting its own slice: %v", err)
+	}
+	// The node condition and the heartbeat Lease (node/publish): its own, nothing else.
+	for _, n := range []string{"node-a", "node-b"} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = patchNodeStatus(ctx, nodeA, "node-b", registeredPatch)
+		return last != nil && strings.Contains(last.Error(), "the gpuslice DRA driver of node node-a"), nil
+	}); err != nil {
+		t.Fatalf("the node policy never denied node-a's DRA driver writing node-b's condition: last answer %v", last)
+	}
+	if err := patchNodeStatus(ctx, nodeA, "node-a", registeredPatch); err != nil {
+		t.Errorf("node-a's driver setting its own condition: %v", err)
+	}
+	leases := nodeA.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	if _, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: vgpu.HeartbeatLeaseName("node-a")}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("node-a's driver creating its heartbeat Lease: %v", err)
+	}
+	for _, d := range []struct {
+		name string
+		call func() error
+	}{
+		{"patch node-a's labels", func() error { return patchNode(ctx, nodeA, "node-a", `{"metadata":{"labels":{"zone":"x"}}}`) }},
+		{"create the kubelet's Lease node-a", func() error {
+			_, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"create node-b's heartbeat Lease", func() error {
+			_, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: vgpu.HeartbeatLeaseName("node-b")}}, metav1.CreateOptions{})
+			return err
+		}},
+	} {
+		if err := d.call(); err == nil {
+			t.Errorf("%s: allowed, want denied", d.name)
+		}
 	}
 }

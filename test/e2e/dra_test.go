@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/node/nvidia"
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // draRounds is how many rounds of 60 claims TestDRA places (DRA_ROUNDS, default 10).
@@ -53,6 +54,27 @@ func TestDRA(t *testing.T) {
 		if took > 10*time.Second {
 			t.Errorf("%s: ResourceSlice published after %v, want within 10s", n.Name, took)
 		}
+	}
+	// The driver's publisher (node/publish, as the device plugin's): the node condition True
+	// and a heartbeat in DRA mode, and no ready label, which would make a device-plugin node.
+	for _, n := range c.Nodes {
+		poll(t, 30*time.Second, n.Name+"'s DRA condition and heartbeat", func(ctx context.Context) (bool, string) {
+			node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if _, ok := node.Labels[vgpu.LabelGPUReady]; ok {
+				t.Fatalf("%s: label %s on a DRA node", n.Name, vgpu.LabelGPUReady)
+			}
+			cond, _ := vgpu.RegisteredCondition(node)
+			lease, err := c.Client().CoordinationV1().Leases(vgpu.DefaultHeartbeatNamespace).Get(ctx, vgpu.HeartbeatLeaseName(n.Name), metav1.GetOptions{})
+			if err != nil {
+				return false, fmt.Sprintf("condition %s/%s, lease: %v", cond.Status, cond.Reason, err)
+			}
+			h, err := vgpu.ParsePluginHeartbeat(lease.Annotations[vgpu.AnnotationPluginHeartbeat])
+			return err == nil && cond.Status == corev1.ConditionTrue && h.Mode == vgpu.NodeModeDRA && h.Registered,
+				fmt.Sprintf("condition %s/%s %q, heartbeat %+v %v", cond.Status, cond.Reason, cond.Message, h, err)
+		})
 	}
 	createDeviceClass(t, c)
 
