@@ -35,6 +35,13 @@ const (
 	// kube-scheduler whose clientConnection allows as much.
 	DefaultKubeAPIQPS   = 100
 	DefaultKubeAPIBurst = 200
+	// DefaultGCPercent is the extender's Go garbage-collection target
+	// (GOGC): a collection starts when the heap has grown by this share
+	// over what the last one kept. Go's default of 100 lets the heap
+	// reach twice the live objects; the extender's live heap is its
+	// caches, which change slowly, so a lower target costs little CPU
+	// and keeps its memory near them (docs/configuration.md).
+	DefaultGCPercent = 100
 	// MaxRequestBytes bounds a request body: a Filter call without
 	// nodeCacheCapable carries every candidate Node in full.
 	MaxRequestBytes = 16 << 20
@@ -105,6 +112,10 @@ type Config struct {
 	// half of BindTimeout (KubeAPIQPS × BindTimeout / 2, at least
 	// KubeAPIBurst).
 	MaxPendingBinds int `json:"maxPendingBinds"`
+	// GCPercent is the Go garbage collector's target (GOGC) the extender
+	// runs with, 10 to 1000; the GOGC environment variable, when set,
+	// wins.
+	GCPercent int `json:"gcPercent"`
 	// PercentageOfNodesToScore is the percentageOfNodesToScore of the
 	// kube-scheduler profile that calls the extender (0: kube-scheduler's
 	// adaptive share). It tells the extender when the nodes it is sent are
@@ -167,6 +178,7 @@ func DefaultConfig() Config {
 		BindTimeout:        metav1.Duration{Duration: DefaultBindTimeout},
 		KubeAPIQPS:         DefaultKubeAPIQPS,
 		KubeAPIBurst:       DefaultKubeAPIBurst,
+		GCPercent:          DefaultGCPercent,
 		FilterResult:       FilterResultBest,
 		Workload:           WorkloadOnline,
 		WorkloadHalfLife:   DefaultWorkloadHalfLife,
@@ -258,6 +270,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPendingBinds < 0 || c.MaxPendingBinds > 1000000 {
 		errs = append(errs, vgpu.InvalidField("maxPendingBinds", fmt.Sprint(c.MaxPendingBinds), "must be from 0 (derived from kubeAPIQPS and bindTimeout) to 1000000"))
+	}
+	if c.GCPercent < 10 || c.GCPercent > 1000 {
+		errs = append(errs, vgpu.InvalidField("gcPercent", fmt.Sprint(c.GCPercent), "must be from 10 to 1000 (the Go garbage collector's GOGC target, in percent)"))
 	}
 	if c.FilterResult != FilterResultBest && c.FilterResult != FilterResultFeasible {
 		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the nodes of the best score tier; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))

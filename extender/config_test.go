@@ -41,6 +41,7 @@ func TestConfigValidate(t *testing.T) {
 		{"namespace", func(c *Config) { c.HeartbeatNamespace = "Kube_Node_Lease" }, []string{"heartbeatNamespace"}},
 		{"resource name", func(c *Config) { c.ResourceName = "gpu" }, []string{"resourceName"}},
 		{"bind timeout", func(c *Config) { c.BindTimeout = metav1.Duration{Duration: time.Hour} }, []string{"bindTimeout"}},
+		{"gc percent", func(c *Config) { c.GCPercent = 0 }, []string{"gcPercent"}},
 		{"several at once", func(c *Config) { c.NodePolicy, c.GPUPolicy = "x", "y" }, []string{"nodePolicy", "gpuPolicy"}},
 	}
 	for _, ok := range []func(*Config){

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +45,9 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 		return 2
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(cfg.GCPercent)
 	}
 	client, err := kubeClient(kubeconfig, cfg.KubeAPIQPS, cfg.KubeAPIBurst)
 	if err != nil {
@@ -115,6 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.StringVar((*string)(&cfg.Workload), "workload", string(cfg.Workload), "what the fragmentation policy measures against: online (learnt from the pods seen) or default (vgpu's default workload)")
 	fs.IntVar(&cfg.WorkloadHalfLife, "workload-half-life", cfg.WorkloadHalfLife, "pods after which a pod counts half as much in the online workload")
 	fs.StringVar(&cfg.NodeConditionLease, "node-condition-lease", cfg.NodeConditionLease, "namespace/name of the Lease that elects the instance maintaining the nodes' GPUSliceRegistered condition (default: no election, this instance maintains it)")
+	fs.IntVar(&cfg.GCPercent, "gc-percent", cfg.GCPercent, "the Go garbage collector's target (GOGC, 10-1000); the GOGC environment variable wins")
 	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")
 	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err

@@ -117,6 +117,10 @@ func TestChartRejectsBadValues(t *testing.T) {
 		values: "scheduler: {extender: {maxPendingBinds: -1}}",
 		want:   []string{"/scheduler/extender/maxPendingBinds", "minimum: got -1, want 0"},
 	}, {
+		name:   "extender gcPercent below 10",
+		values: "scheduler: {extender: {gcPercent: 5}}",
+		want:   []string{"/scheduler/extender/gcPercent", "minimum: got 5, want 10"},
+	}, {
 		name:   "extender QPS below kube-scheduler's",
 		values: "scheduler: {kubeScheduler: {clientQPS: 150.5}, extender: {kubeAPIQPS: 100}}",
 		want:   []string{"scheduler.extender.kubeAPIQPS=100: must be at least scheduler.kubeScheduler.clientQPS (150.5)"},
