@@ -86,6 +86,11 @@ type State struct {
 	ExtenderPort int    `json:"extenderPort"`
 	WebhookPort  int    `json:"webhookPort"`
 	WebhookCA    []byte `json:"webhookCA"`
+	// SchedulerPod and WebhookPod are the pods, in the chart's namespace, that run the chart's
+	// scheduler Deployment (containers kube-scheduler and extender) and webhook Deployment on a
+	// real runtime; empty when those run as host processes.
+	SchedulerPod string `json:"schedulerPod,omitempty"`
+	WebhookPod   string `json:"webhookPod,omitempty"`
 	// Processes are the running components in start order; Stop stops them in reverse.
 	Processes []*Process `json:"processes"`
 	// Nodes are the simulated nodes' settings and folders.
@@ -192,6 +197,14 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	if opts.Chart != nil {
 		if err := c.installChart(ctx, *opts.Chart); err != nil {
 			return err
+		}
+		if c.State.Runtime != nil {
+			// The scheduler and webhook pods need a node's containerd: the nodes (and their
+			// device-plugin pods, which need neither) come first.
+			if err := c.addNodes(ctx, opts.Nodes); err != nil {
+				return err
+			}
+			return c.startChartControlPlanePods(ctx)
 		}
 		if err := c.startChartControlPlane(ctx); err != nil {
 			return err
