@@ -192,7 +192,11 @@ func (c *Cluster) waitPodReady(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			return false, nil //nolint:nilerr // not readable yet: keep polling
 		}
 		for _, st := range p.Status.ContainerStatuses {
-			if t := st.LastTerminationState.Terminated; t != nil {
+			t := st.State.Terminated
+			if t == nil {
+				t = st.LastTerminationState.Terminated
+			}
+			if t != nil {
 				return false, fmt.Errorf("container %s of pod %s exited (code %d, %s: %s)", st.Name, p.Name, t.ExitCode, t.Reason, t.Message)
 			}
 		}
