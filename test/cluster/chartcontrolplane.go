@@ -94,8 +94,9 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 // chart runs them in the node's network (scheduler.hostNetwork and webhook.hostNetwork, which
 // installChart sets) on ports installChart chose; beyond the chart, only adaptPod's changes are
 // made. One replica each: all nodes share this host's network, where a second replica's ports
-// would be taken. It waits until every container is Ready (the kubelet's probes), then makes the
-// webhook Service reach the webhook's pod and waits until the API server calls it.
+// would be taken. It waits until every container is Ready (the kubelet's probes), the plugin
+// pods' included (their nodes wait only for the plugins' registration), then makes the webhook
+// Service reach the webhook's pod and waits until the API server calls it.
 func (c *Cluster) startChartControlPlanePods(ctx context.Context) error {
 	r := c.chart
 	if len(c.Nodes) == 0 {
@@ -122,6 +123,14 @@ func (c *Cluster) startChartControlPlanePods(ctx context.Context) error {
 	}
 	if wh, err = c.waitPodReady(ctx, wh); err != nil {
 		return err
+	}
+	for _, n := range c.Nodes {
+		if n.PluginPod != "" {
+			plugin := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: n.PluginPod, Namespace: r.opts.Namespace}, Spec: corev1.PodSpec{NodeName: n.Name}}
+			if _, err := c.waitPodReady(ctx, plugin); err != nil {
+				return err
+			}
+		}
 	}
 	svc, err := c.chartWebhookService(ctx)
 	if err != nil {

@@ -119,9 +119,10 @@ type Cluster struct {
 // Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
 // gpuslice profiles) and every node of opts and waits for each to be ready: the API server's
 // /readyz, the extender's /readyz, the API server calling the webhook, every Node Ready without
-// the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true). ctx bounds the start; the processes
-// outlive it and run until Stop. On error everything started is stopped again and the error
-// carries the tail of every log.
+// the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true);
+// with a chart on a real runtime, also every pod of the chart Ready by its probes. ctx bounds the
+// start; the processes outlive it and run until Stop. On error everything started is stopped
+// again and the error carries the tail of every log.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	c := &Cluster{readyTimeout: opts.ReadyTimeout, stopWithParent: opts.StopWithParent}
 	if c.readyTimeout == 0 {
