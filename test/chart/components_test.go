@@ -289,6 +289,12 @@ func checkSchedulerConfig(t *testing.T, f configFile) *kubeschedulerconfigv1.Kub
 	} else if errs := schedulervalidation.ValidateKubeSchedulerConfiguration(internal); errs != nil {
 		t.Errorf("%s: kube-scheduler's validation rejects %s: %v", f.ref, f.key, errs)
 	}
+	// kube-scheduler's HTTPS port is a flag: its probes and the declared port must agree with it.
+	if i := slices.IndexFunc(f.container.Args, func(a string) bool { return strings.HasPrefix(a, "--secure-port=") }); i < 0 {
+		t.Errorf("%s: no --secure-port argument in %v: the probes would name a port it may not serve", f.ref, f.container.Args)
+	} else {
+		checkPort(t, f, "--secure-port", ":"+strings.TrimPrefix(f.container.Args[i], "--secure-port="), "https")
+	}
 	if ns := cfg.LeaderElection.ResourceNamespace; ns != releaseNamespace {
 		t.Errorf("%s: leaderElection.resourceNamespace %q, want %q (the Role grants the Lease there)", f.ref, ns, releaseNamespace)
 	}

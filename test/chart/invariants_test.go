@@ -120,6 +120,18 @@ func checkWorkloads(t *testing.T, r rendered) {
 		for _, c := range pod.Containers {
 			checkContainer(t, w.ref+" container "+c.Name, c, true)
 		}
+		if pod.HostNetwork {
+			// In the node's network: cluster DNS only with ClusterFirstWithHostNet, and only
+			// declared ports (host ports then) keep two replicas off one node.
+			if pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+				t.Errorf("%s: hostNetwork with dnsPolicy %q, want %q", w.ref, pod.DNSPolicy, corev1.DNSClusterFirstWithHostNet)
+			}
+			for _, c := range pod.Containers {
+				if len(c.Ports) == 0 {
+					t.Errorf("%s container %s: hostNetwork, but it declares no port", w.ref, c.Name)
+				}
+			}
+		}
 		if sa := pod.ServiceAccountName; sa != "" && r.find("ServiceAccount", sa) == nil {
 			t.Errorf("%s: serviceAccountName %q is not rendered", w.ref, sa)
 		}

@@ -153,6 +153,18 @@ func TestChartRejectsBadValues(t *testing.T) {
 		values: "webhook: {certManager: {enabled: true}}",
 		want:   []string{"webhook.tls and webhook.certManager.enabled=true: choose one"},
 	}, {
+		name:   "kubeScheduler securePort below 1024",
+		values: "scheduler: {kubeScheduler: {securePort: 443}}",
+		want:   []string{"/scheduler/kubeScheduler/securePort", "minimum: got 443, want 1,024"},
+	}, {
+		name:   "kubeScheduler securePort on the extender's health port",
+		values: "scheduler: {extender: {port: 9000}, kubeScheduler: {securePort: 9001}}",
+		want:   []string{"scheduler.kubeScheduler.securePort=9001: the extender uses scheduler.extender.port (9000) and its health port"},
+	}, {
+		name:   "webhook hostNetwork not a boolean",
+		values: "webhook: {hostNetwork: \"yes\"}",
+		want:   []string{"/webhook/hostNetwork", "got string, want boolean"},
+	}, {
 		name:   "unknown pullPolicy",
 		values: "image: {pullPolicy: Sometimes}",
 		want:   []string{"/image/pullPolicy", "value must be one of 'Always', 'IfNotPresent', 'Never'"},

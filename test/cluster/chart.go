@@ -16,7 +16,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -25,14 +24,21 @@ import (
 )
 
 // ChartOptions has Start install gpuslice with `helm install` into the cluster's API server and
-// run every gpuslice component (and the chart's kube-scheduler) with the command, arguments,
-// environment and configuration files of the Deployments and DaemonSets the API server accepted,
-// so that a mismatch between chart and binaries fails. What cannot be taken from the chart, because
-// all simulated nodes share one host and there is no kubelet for the control-plane pods, is adapted,
-// and only that: mount paths are mapped to folders of the cluster (the same rewrite is applied to
-// the arguments and to the mounted configuration files), each component gets a kubeconfig with a
-// token of its own ServiceAccount (so the chart's RBAC is what it runs with) instead of in-cluster
-// credentials, every device plugin gets its own probe port, and kube-scheduler its own secure port.
+// run every gpuslice component (and the chart's kube-scheduler) as the Deployments and DaemonSets
+// the API server accepted say, so that a mismatch between chart and binaries fails.
+//
+// With Options.Runtime they run as pods of those templates on the nodes' containerd, from the
+// chart's images; startChartPluginPod, startChartControlPlanePods and adaptPod say what is changed
+// for this machine.
+//
+// With the fake runtime nothing runs containers, so they run as host processes with the
+// templates' command, arguments, environment and configuration files. What cannot be taken from
+// the chart, because all simulated nodes share one host and no kubelet runs the control-plane
+// pods, is adapted, and only that: mount paths are mapped to folders of the cluster (the same
+// rewrite is applied to the arguments and to the mounted configuration files), each component
+// gets a kubeconfig with a token of its own ServiceAccount (so the chart's RBAC is what it runs
+// with) instead of in-cluster credentials, every device plugin gets its own probe port, and
+// kube-scheduler its own secure port.
 type ChartOptions struct {
 	// Dir is the chart's folder; required.
 	Dir string
@@ -74,6 +80,21 @@ func (c *Cluster) installChart(ctx context.Context, opts ChartOptions) error {
 	args := []string{"install", opts.Release, opts.Dir, "--namespace", opts.Namespace, "--create-namespace",
 		"--set", "scheduler.extender.port=" + strconv.Itoa(r.extenderAPI),
 		"--set", "webhook.port=" + strconv.Itoa(r.webhookPort),
+	}
+	if c.State.Runtime != nil {
+		// The scheduler and webhook pods run on a node's containerd (startChartControlPlanePods)
+		// in the node's network: the pod network here reaches nothing and the API server cannot
+		// reach it. Every node's network is this host's, where kube-scheduler's default 10259
+		// may be taken (by another cluster on this machine), so it gets a free port too.
+		port, err := freePort()
+		for err == nil && (port == r.extenderAPI || port == r.extenderAPI+1 || port == r.webhookPort) {
+			port, err = freePort()
+		}
+		if err != nil {
+			return err
+		}
+		args = append(args, "--set", "scheduler.hostNetwork=true", "--set", "webhook.hostNetwork=true",
+			"--set", "scheduler.kubeScheduler.securePort="+strconv.Itoa(port))
 	}
 	for _, f := range opts.ValuesFiles {
 		args = append(args, "-f", f)
@@ -426,99 +447,6 @@ func hostIPv4() (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no non-loopback IPv4 address: the API server reaches the chart's webhook Service through an EndpointSlice, which may not point at loopback")
-}
-
-// noHostPath refuses hostPath volumes: the control-plane pods of the chart have none.
-func noHostPath(p string) (string, error) {
-	return "", fmt.Errorf("hostPath %s: not expected in a control-plane pod", p)
-}
-
-// startChartControlPlane starts the extender and kube-scheduler of the chart's scheduler
-// Deployment and the webhook of its webhook Deployment, makes the webhook Service reachable through
-// an EndpointSlice, and waits until the API server calls the webhook.
-func (c *Cluster) startChartControlPlane(ctx context.Context) error {
-	r := c.chart
-	ns := r.opts.Namespace
-	root := filepath.Join(c.State.Dir, "chart")
-	spec := r.scheduler.Spec.Template.Spec
-	kc := filepath.Join(root, "scheduler", "kubeconfig")
-	if err := c.serviceAccountKubeconfig(ctx, ns, spec.ServiceAccountName, kc); err != nil {
-		return err
-	}
-	ext, err := c.materialize(r, spec, "extender", filepath.Join(root, "scheduler"), "", noHostPath)
-	if err != nil {
-		return fmt.Errorf("scheduler Deployment: %w", err)
-	}
-	c.State.ExtenderPath, c.State.ExtenderPort = ext.path, r.extenderAPI
-	p, err := c.startEnv(ExtenderName, ext.path, append(ext.args, "--kubeconfig="+kc), ext.env, filepath.Join(c.State.Dir, ExtenderName))
-	if err != nil {
-		return err
-	}
-	if err := c.waitExtenderReady(ctx, p, "gpuslice extender /readyz (from the chart)"); err != nil {
-		return err
-	}
-
-	ks, err := c.materialize(r, spec, "kube-scheduler", filepath.Join(root, "scheduler"), "", noHostPath)
-	if err != nil {
-		return fmt.Errorf("scheduler Deployment: %w", err)
-	}
-	for _, a := range ks.args {
-		if f, ok := strings.CutPrefix(a, "--config="); ok {
-			if err := editSchedulerConfig(f, kc); err != nil {
-				return err
-			}
-		}
-	}
-	if err := c.startKubeScheduler(ctx, ks.path, ks.args, ks.env); err != nil {
-		return err
-	}
-
-	wspec := r.webhook.Spec.Template.Spec
-	wh, err := c.materialize(r, wspec, "webhook", filepath.Join(root, "webhook"), "", noHostPath)
-	if err != nil {
-		return fmt.Errorf("webhook Deployment: %w", err)
-	}
-	c.State.WebhookPath, c.State.WebhookPort = wh.path, r.webhookPort
-	wp, err := c.startEnv(WebhookName, wh.path, wh.args, wh.env, filepath.Join(c.State.Dir, WebhookName))
-	if err != nil {
-		return err
-	}
-	return c.exposeChartWebhook(ctx, wp)
-}
-
-// exposeChartWebhook creates the EndpointSlice of the chart's webhook Service (the host's address
-// and the webhook's port; no endpoint controller runs here) and waits until the API server, which
-// resolves Services through their endpoints (--enable-aggregator-routing), calls the webhook.
-func (c *Cluster) exposeChartWebhook(ctx context.Context, p *Process) error {
-	r := c.chart
-	ns := r.opts.Namespace
-	svcs, err := c.client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + r.opts.Release + ",app.kubernetes.io/component=webhook"})
-	if err != nil {
-		return fmt.Errorf("list the release's webhook Service: %w", err)
-	}
-	if len(svcs.Items) != 1 {
-		return fmt.Errorf("the release's webhook Service: %d found, want 1", len(svcs.Items))
-	}
-	svc := svcs.Items[0]
-	ip, err := hostIPv4()
-	if err != nil {
-		return err
-	}
-	portName, proto, ready := "https", corev1.ProtocolTCP, true
-	port := int32(r.webhookPort) //nolint:gosec // G115: a TCP port
-	if len(svc.Spec.Ports) > 0 {
-		portName = svc.Spec.Ports[0].Name
-	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: svc.Name + "-local", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
-	}
-	if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create the webhook's EndpointSlice: %w", err)
-	}
-	return c.waitWebhookCalled(ctx, p, "API server calling the chart's webhook")
 }
 
 // startChartPlugin starts n's device plugin from the release's DaemonSet that selects n.

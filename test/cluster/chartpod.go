@@ -23,16 +23,13 @@ const rootCAConfigMap = "kube-root-ca.crt"
 // the gpuslice image on n's containerd: it creates the DaemonSet's pod on n, as the DaemonSet
 // controller (which does not run here) would. Only what this machine needs is changed, and said:
 // the pod uses the host's network (the pod network here reaches nothing, the API server
-// included), the API server's loopback address replaces the kubernetes Service's (no kube-proxy),
-// and, since all nodes share one host network, the plugin's health endpoint gets a port of its own
-// on the host's address, where the kubelet's probes reach it. The kubelet mounts every volume of
-// the template and the ServiceAccount's projected token, so the chart's mounts, RBAC and node
-// policy are what the plugin runs with. It does not wait: see WaitPluginReady.
+// included), the API server is reached as adaptPod says, and, since all nodes share one host
+// network, the plugin's health endpoint gets a port of its own on the host's address, where the
+// kubelet's probes reach it. The kubelet mounts every volume of the template and the
+// ServiceAccount's projected token, so the chart's mounts, RBAC and node policy are what the
+// plugin runs with. It does not wait: see WaitPluginReady.
 func (n *Node) startChartPluginPod(ctx context.Context, ds *appsv1.DaemonSet) error {
-	c, r := n.c, n.c.chart
-	if err := c.ensureRootCA(ctx, r.opts.Namespace); err != nil {
-		return err
-	}
+	c := n.c
 	ip, err := hostIPv4()
 	if err != nil {
 		return err
@@ -52,12 +49,7 @@ func (n *Node) startChartPluginPod(ctx context.Context, ds *appsv1.DaemonSet) er
 			continue
 		}
 		found = true
-		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: tokenVolume, MountPath: tokenMountPath, ReadOnly: true})
 		ctr.Args = append(append(ctr.Args, "--health-address="+ip+":"+strconv.Itoa(health)), n.PluginArgs...)
-		ctr.Env = append(ctr.Env,
-			corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: "127.0.0.1"},
-			corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: strconv.Itoa(c.State.APIServerPort)},
-		)
 		for j := range ctr.Ports {
 			if ctr.Ports[j].Name == "health" {
 				ctr.Ports[j].ContainerPort = int32(health) //nolint:gosec // G115: a TCP port
@@ -72,7 +64,6 @@ func (n *Node) startChartPluginPod(ctx context.Context, ds *appsv1.DaemonSet) er
 	if !found {
 		return fmt.Errorf("DaemonSet %s: no container %q", ds.Name, pluginContainer)
 	}
-	spec.Volumes = append(spec.Volumes, serviceAccountTokenVolume())
 	isController := true
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -86,20 +77,63 @@ func (n *Node) startChartPluginPod(ctx context.Context, ds *appsv1.DaemonSet) er
 		},
 		Spec: spec,
 	}
-	pods := c.client.CoreV1().Pods(ds.Namespace)
-	if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete the old plugin pod %s: %w", pod.Name, err)
+	if err := c.adaptPod(ctx, pod); err != nil {
+		return err
 	}
-	if err := c.waitFor(ctx, "old plugin pod "+pod.Name+" gone", nil, func(ctx context.Context) (bool, error) {
+	if err := c.replacePod(ctx, pod); err != nil {
+		return fmt.Errorf("the plugin pod of DaemonSet %s on %s: %w", ds.Name, n.Name, err)
+	}
+	n.PluginDaemonSet, n.PluginHealthPort, n.PluginPod = ds.Name, health, pod.Name
+	return nil
+}
+
+// adaptPod changes what every pod the harness creates for the chart needs on this machine, as
+// the parts of a cluster that do not run here would have it: the projected ServiceAccount token
+// volume, mounted in every container, unless the pod opts out (automountServiceAccountToken:
+// false), as the disabled ServiceAccount admission plugin would add it (no controller creates the
+// default ServiceAccounts); the kube-root-ca.crt ConfigMap that volume reads, as
+// kube-controller-manager's publisher would create it; and KUBERNETES_SERVICE_HOST and _PORT with
+// the API server's loopback address in every container, since no kube-proxy routes the
+// kubernetes Service's address.
+func (c *Cluster) adaptPod(ctx context.Context, pod *corev1.Pod) error {
+	spec := &pod.Spec
+	token := spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken
+	if token {
+		if err := c.ensureRootCA(ctx, pod.Namespace); err != nil {
+			return err
+		}
+		spec.Volumes = append(spec.Volumes, serviceAccountTokenVolume())
+	}
+	for _, ctrs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range ctrs {
+			ctr := &ctrs[i]
+			if token {
+				ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: tokenVolume, MountPath: tokenMountPath, ReadOnly: true})
+			}
+			ctr.Env = append(ctr.Env,
+				corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: "127.0.0.1"},
+				corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: strconv.Itoa(c.State.APIServerPort)},
+			)
+		}
+	}
+	return nil
+}
+
+// replacePod deletes the pod of pod's name, if any, waits until it is gone and creates pod.
+func (c *Cluster) replacePod(ctx context.Context, pod *corev1.Pod) error {
+	pods := c.client.CoreV1().Pods(pod.Namespace)
+	if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the old pod %s: %w", pod.Name, err)
+	}
+	if err := c.waitFor(ctx, "old pod "+pod.Name+" gone", nil, func(ctx context.Context) (bool, error) {
 		_, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	}); err != nil {
 		return err
 	}
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create the plugin pod of DaemonSet %s on %s: %w", ds.Name, n.Name, err)
+		return fmt.Errorf("create pod %s: %w", pod.Name, err)
 	}
-	n.PluginDaemonSet, n.PluginHealthPort, n.PluginPod = ds.Name, health, pod.Name
 	return nil
 }
 

@@ -86,6 +86,11 @@ type State struct {
 	ExtenderPort int    `json:"extenderPort"`
 	WebhookPort  int    `json:"webhookPort"`
 	WebhookCA    []byte `json:"webhookCA"`
+	// SchedulerPod and WebhookPod are the pods, in the chart's namespace, that run the chart's
+	// scheduler Deployment (containers kube-scheduler and extender) and webhook Deployment on a
+	// real runtime; empty when those run as host processes.
+	SchedulerPod string `json:"schedulerPod,omitempty"`
+	WebhookPod   string `json:"webhookPod,omitempty"`
 	// Processes are the running components in start order; Stop stops them in reverse.
 	Processes []*Process `json:"processes"`
 	// Nodes are the simulated nodes' settings and folders.
@@ -114,9 +119,10 @@ type Cluster struct {
 // Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
 // gpuslice profiles) and every node of opts and waits for each to be ready: the API server's
 // /readyz, the extender's /readyz, the API server calling the webhook, every Node Ready without
-// the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true). ctx bounds the start; the processes
-// outlive it and run until Stop. On error everything started is stopped again and the error
-// carries the tail of every log.
+// the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true);
+// with a chart on a real runtime, also every pod of the chart Ready by its probes. ctx bounds the
+// start; the processes outlive it and run until Stop. On error everything started is stopped
+// again and the error carries the tail of every log.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	c := &Cluster{readyTimeout: opts.ReadyTimeout, stopWithParent: opts.StopWithParent}
 	if c.readyTimeout == 0 {
@@ -192,6 +198,14 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	if opts.Chart != nil {
 		if err := c.installChart(ctx, *opts.Chart); err != nil {
 			return err
+		}
+		if c.State.Runtime != nil {
+			// The scheduler and webhook pods need a node's containerd: the nodes (and their
+			// device-plugin pods, which need neither) come first.
+			if err := c.addNodes(ctx, opts.Nodes); err != nil {
+				return err
+			}
+			return c.startChartControlPlanePods(ctx)
 		}
 		if err := c.startChartControlPlane(ctx); err != nil {
 			return err

@@ -14,8 +14,10 @@
 // With Options.Runtime the nodes run real containers instead: containerd (its CRI plugin resolving
 // the plugin's CDI specs) and runc, in a mount namespace of the node's own where the node's folders
 // cover /var/lib, /var/log and /run, and which the kubelet joins; images come from OCI archives
-// (package image), never from a registry. With a chart, the device plugin then runs as the
-// DaemonSet's pod, a container of the gpuslice image (RuntimeOptions, startChartPluginPod).
+// (package image), never from a registry. With a chart, every workload of the chart then runs as
+// containers of its images: the device plugin as the DaemonSet's pod on each node, the scheduler
+// (kube-scheduler and the extender) and the webhook as one pod of each Deployment on a node
+// (RuntimeOptions, startChartPluginPod, startChartControlPlanePods).
 //
 // Real: every Kubernetes component and the device plugin, their flags, gRPC and HTTP protocols.
 // Fake: NVML (fake GPUs inside the plugin) and, unless Options.Runtime, the container runtime. No controller-manager runs,

@@ -179,7 +179,10 @@ func (n *Node) startCRI(ctx context.Context) error {
 
 // kubeletConfig is the KubeletConfiguration FIELD.md §4 found to work on a cgroup-v1 host without
 // touching host cgroups; nodeStatusUpdateFrequency is short so that capacity changes reach the Node
-// within a second or two.
+// within a second or two. Every node shares the host's disk with whatever else runs there, so the
+// kubelet's default disk thresholds (imagefs.available<15%, nodefs.available<10%) would turn another
+// program's files into DiskPressure and reject pods: those two are 1% instead, the others the
+// kubelet's defaults.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -200,6 +203,12 @@ enforceNodeAllocatable: []
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://%s
 nodeStatusUpdateFrequency: 1s
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%%
+  nodefs.inodesFree: 5%%
+  imagefs.available: 1%%
+  imagefs.inodesFree: 5%%
 `
 
 // kubeletScript runs as sh -c inside the new mount namespace: bind the node's folders over /var/lib

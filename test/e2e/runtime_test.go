@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +34,8 @@ const (
 // real container of the gpuslice image, with four fake A100s split four ways (16 slices per node,
 // as in TestSixtyPodsGetExactlyTheirOwnSlice).
 // The NVIDIA CDI folder is the plugin's own, so that nothing is created in the host's /etc.
+// kube-scheduler's image is the one buildRuntimeImages makes, with the chart's default tag: the
+// cluster's version, which is the binary's.
 const runtimeChartValues = `devicePlugin:
   fakeGPUs: 4xA100-80GB
   splitCount: 4
@@ -46,7 +49,7 @@ image:
   pullPolicy: Never
 scheduler:
   kubeScheduler:
-    tag: v1.37.2
+    image: ` + image.KubeSchedulerRepo + `
 `
 
 // requireRuntime skips t where the real runtime is not installed (hack/install-runtime.sh), or
@@ -64,12 +67,17 @@ func requireRuntime(t *testing.T) string {
 	return dir
 }
 
-// buildRuntimeImages builds the gpuslice image from the binaries TestMain built, and the pause and
-// shell images, with make image's recipe (test/cmd/gpuslice-image, run as its own process: under
-// -race the compression takes minutes), into a folder of the test.
+// buildRuntimeImages builds the gpuslice image from the binaries TestMain built, the pause and
+// shell images, and the kube-scheduler image from the cluster's kube-scheduler, with make image's
+// recipe (test/cmd/gpuslice-image, run as its own process: under -race the compression takes
+// minutes), into a folder of the test.
 func buildRuntimeImages(t *testing.T) image.Archives {
 	t.Helper()
 	began := time.Now()
+	clusterBin, err := cluster.FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	pause := filepath.Join(dir, "gpuslice-pause")
 	tool := filepath.Join(dir, "gpuslice-image")
@@ -80,12 +88,17 @@ func buildRuntimeImages(t *testing.T) image.Archives {
 			t.Fatalf("build %s: %v\n%s", b[1], err, out)
 		}
 	}
-	cmd := exec.Command(tool, "--bin-dir", binDir, "--pause", pause, "--name", runtimeImageRepo+":"+runtimeImageTag, "--version", "e2e", "--out", dir) //nolint:gosec // G204: the tool just built
+	cmd := exec.Command(tool, "--bin-dir", binDir, "--pause", pause, "--name", runtimeImageRepo+":"+runtimeImageTag, "--version", "e2e", //nolint:gosec // G204: the tool just built
+		"--kube-scheduler", filepath.Join(clusterBin, "kube-scheduler"), "--out", dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("gpuslice-image: %v\n%s", err, out)
 	}
 	t.Logf("images built in %v", time.Since(began).Round(time.Millisecond))
-	return image.Archives{Gpuslice: filepath.Join(dir, "gpuslice.tar"), Test: filepath.Join(dir, "test-images.tar")}
+	return image.Archives{
+		Gpuslice:      filepath.Join(dir, "gpuslice.tar"),
+		Test:          filepath.Join(dir, "test-images.tar"),
+		KubeScheduler: filepath.Join(dir, "kube-scheduler.tar"),
+	}
 }
 
 // shellSlicePod is slicePod with a container of the shell image that prints its environment and
@@ -113,16 +126,22 @@ func runtimePods(t *testing.T) int {
 }
 
 // TestRealRuntimeSharing is the sharing proof on real containers: two nodes run containerd and
-// runc; helm installs the chart, whose device-plugin DaemonSet runs as a container of the
-// gpuslice image built by make image's recipe; GPU pods of the shell image print what they got.
-// containerd itself resolves the CDI device the plugin wrote at container start: every Running
-// container's environment equals its own pod's allocation and every mount of its CDI spec is in
-// its mount table; no GPU holds more than its memory or slices; pods that do not fit stay Pending
-// naming memory or slices. Then a GPU container is killed and restarted by the kubelet (the
-// cached Allocate answer and a new PreStartContainer give it the same slice), and a kubelet is
-// restarted: the plugin re-registers, the running containers are left alone and a new pod gets
-// its own slice. Real: every Kubernetes component, containerd, runc, the chart, the images.
-// Fake: NVML. Not run as containers: the extender, webhook and kube-scheduler (see
+// runc; helm installs the chart, whose workloads all run as containers on them: the
+// device-plugin DaemonSet's pods, the scheduler Deployment's pod (the extender of the gpuslice
+// image and kube-scheduler of an image of the cluster's own binary) and the webhook Deployment's
+// pod, all from images built by make image's recipe; GPU pods of the shell image print what they
+// got. containerd itself resolves the CDI device the plugin wrote at container start: every
+// Running container's environment equals its own pod's allocation and every mount of its CDI
+// spec is in its mount table; no GPU holds more than its memory or slices; pods that do not fit
+// stay Pending naming memory or slices. Then a GPU container is killed and restarted by the
+// kubelet (the cached Allocate answer and a new PreStartContainer give it the same slice); the
+// plugin's container is killed and restarted, registers again and serves a new pod; the
+// extender's container is killed and restarted, and a new pod gets its own slice with no GPU
+// over capacity; and a kubelet is restarted: the plugin re-registers, the running containers,
+// the control plane's included, are left alone and a new pod gets its own slice. Real: every
+// Kubernetes component, containerd, runc, the chart, the images. Fake: NVML. Not as the chart
+// has it: one replica of each Deployment, bound to a node by the harness, in the nodes' (this
+// host's) network, with the webhook Service's EndpointSlice written by the harness (see
 // docs/development.md).
 func TestRealRuntimeSharing(t *testing.T) {
 	rtDir := requireRuntime(t)
@@ -132,23 +151,25 @@ func TestRealRuntimeSharing(t *testing.T) {
 		cluster.NodeOptions{Name: "node-1", Labels: labels},
 		cluster.NodeOptions{Name: "node-2", Labels: labels},
 	)
-	opts.Runtime = &cluster.RuntimeOptions{Dir: rtDir, Images: []string{archives.Gpuslice, archives.Test}}
+	opts.Runtime = &cluster.RuntimeOptions{Dir: rtDir, Images: []string{archives.Gpuslice, archives.Test, archives.KubeScheduler}}
 	opts.Chart = &cluster.ChartOptions{Dir: chartDir(t), ValuesFiles: []string{valuesFile(t, runtimeChartValues)}}
 	began := time.Now()
 	c := startClusterWith(t, opts)
 	ctx := context.Background()
 
-	// The device plugins are containers of the gpuslice image.
+	// Every workload of the chart runs as containerd containers of the images built above: the
+	// device plugins, the extender and the webhook of the gpuslice image, kube-scheduler of the
+	// image the chart names by the cluster's version.
+	gpuslice := runtimeImageRepo + ":" + runtimeImageTag
 	for _, n := range c.Nodes {
-		p, err := c.Client().CoreV1().Pods("gpuslice-system").Get(ctx, n.PluginPod, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("%s: plugin pod: %v", n.Name, err)
-		}
-		if len(p.Status.ContainerStatuses) == 0 || !strings.HasPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://") ||
-			p.Status.ContainerStatuses[0].Image != runtimeImageRepo+":"+runtimeImageTag {
-			t.Errorf("%s: plugin pod %s container statuses %+v, want a containerd container of %s:%s", n.Name, p.Name, p.Status.ContainerStatuses, runtimeImageRepo, runtimeImageTag)
-		}
+		checkContainers(t, c, n.PluginPod, map[string]string{"device-plugin": gpuslice})
 	}
+	version, err := c.Client().Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkContainers(t, c, c.State.SchedulerPod, map[string]string{"kube-scheduler": image.KubeSchedulerRepo + ":" + version.GitVersion, "extender": gpuslice})
+	checkContainers(t, c, c.State.WebhookPod, map[string]string{"webhook": gpuslice})
 
 	sizes := []int64{4096, 8192, 12288, 16384, 24576, 40960}
 	var pods []*corev1.Pod
@@ -187,7 +208,7 @@ func TestRealRuntimeSharing(t *testing.T) {
 	// A container restart: the kubelet replays the cached Allocate answer, the plugin's
 	// PreStartContainer writes the CDI spec again, containerd resolves it again.
 	victim := out.running[0]
-	killContainer(t, c, &victim)
+	killContainer(t, c, &victim, "main")
 	poll(t, time.Minute, victim.Name+" restarted and reported again", func(ctx context.Context) (bool, string) {
 		p, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
 		if err != nil {
@@ -211,15 +232,8 @@ func TestRealRuntimeSharing(t *testing.T) {
 		t.Fatal(err)
 	}
 	registered := registrations(t, pluginNode)
-	killContainer(t, c, pluginPod)
-	poll(t, 2*time.Minute, pluginPod.Name+" restarted and Ready", func(ctx context.Context) (bool, string) {
-		p, err := c.Client().CoreV1().Pods(pluginPod.Namespace).Get(ctx, pluginPod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		st := p.Status.ContainerStatuses[0]
-		return st.RestartCount >= 1 && st.Ready, fmt.Sprintf("restarts %d, ready %t", st.RestartCount, st.Ready)
-	})
+	killContainer(t, c, pluginPod, "device-plugin")
+	waitRestarted(t, c, pluginPod.Name, "device-plugin")
 	poll(t, time.Minute, pluginNode.Name+"'s restarted plugin registered", func(context.Context) (bool, string) {
 		got := registrations(t, pluginNode)
 		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
@@ -227,9 +241,23 @@ func TestRealRuntimeSharing(t *testing.T) {
 	waitDevices(t, c, pluginNode, time.Now())
 	runFreshPod(t, c, pluginNode, "rt-after-plugin-restart", out)
 
+	// A restart of the extender's container beside kube-scheduler: it reads the bound pods'
+	// allocations again, and a new pod gets its own slice, no GPU over its memory or slices.
+	schedPod, err := c.Client().CoreV1().Pods("gpuslice-system").Get(ctx, c.State.SchedulerPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	killContainer(t, c, schedPod, "extender")
+	waitRestarted(t, c, schedPod.Name, "extender")
+	runFreshPod(t, c, c.Nodes[0], "rt-after-extender-restart", out)
+	for _, b := range checkCapacity(t, c, runningPods(t, c)) {
+		t.Errorf("after the extender restart: %s", b)
+	}
+
 	// A kubelet restart: the plugin, in its container, re-registers; nothing running restarts.
 	n := c.Nodes[0]
 	before := restartCounts(t, c)
+	controlPlane := controlPlaneRestarts(t, c)
 	registered = registrations(t, n)
 	if err := n.KillKubelet(); err != nil {
 		t.Fatal(err)
@@ -249,6 +277,9 @@ func TestRealRuntimeSharing(t *testing.T) {
 		if want, ok := before[name]; ok && restarts != want {
 			t.Errorf("%s: %d restarts after the kubelet restart, want %d", name, restarts, want)
 		}
+	}
+	if diff := cmp.Diff(controlPlane, controlPlaneRestarts(t, c)); diff != "" {
+		t.Errorf("control-plane container restarts across the kubelet restart (-before +after):\n%s", diff)
 	}
 	t.Logf("real-runtime scenario in %v", time.Since(began).Round(time.Millisecond))
 }
@@ -436,22 +467,105 @@ func hasMount(r fakecri.Record, path string) bool {
 	return false
 }
 
-// killContainer kills the process of p's container main with SIGKILL, as an out-of-memory kill
-// or a crash would, through runc's record of it.
-func killContainer(t *testing.T, c *cluster.Cluster, p *corev1.Pod) {
+// killContainer kills the process of p's container name with SIGKILL, as an out-of-memory kill
+// or a crash would, through runc's record of it; p is updated to the pod as it was before.
+func killContainer(t *testing.T, c *cluster.Cluster, p *corev1.Pod, name string) {
 	t.Helper()
 	cur, err := c.Client().CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	*p = *cur
-	pid, err := c.ContainerPID(p.Spec.NodeName, p.Status.ContainerStatuses[0].ContainerID)
+	st, ok := containerStatus(p, name)
+	if !ok {
+		t.Fatalf("pod %s has no status of container %s", p.Name, name)
+	}
+	pid, err := c.ContainerPID(p.Spec.NodeName, st.ContainerID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill container main of %s (pid %d): %v", p.Name, pid, err)
+		t.Fatalf("kill container %s of %s (pid %d): %v", name, p.Name, pid, err)
 	}
+}
+
+// containerStatus returns the status of p's container name.
+func containerStatus(p *corev1.Pod, name string) (corev1.ContainerStatus, bool) {
+	for _, st := range p.Status.ContainerStatuses {
+		if st.Name == name {
+			return st, true
+		}
+	}
+	return corev1.ContainerStatus{}, false
+}
+
+// waitRestarted waits until container name of pod (in gpuslice-system) has restarted and is
+// Ready again by its readiness probe.
+func waitRestarted(t *testing.T, c *cluster.Cluster, pod, name string) {
+	t.Helper()
+	poll(t, 2*time.Minute, pod+"/"+name+" restarted and Ready", func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods("gpuslice-system").Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		st, _ := containerStatus(p, name)
+		return st.RestartCount >= 1 && st.Ready, fmt.Sprintf("restarts %d, ready %t", st.RestartCount, st.Ready)
+	})
+}
+
+// checkContainers checks that pod (in gpuslice-system) runs exactly the containers of want, each
+// a Ready containerd container of its image.
+func checkContainers(t *testing.T, c *cluster.Cluster, pod string, want map[string]string) {
+	t.Helper()
+	p, err := c.Client().CoreV1().Pods("gpuslice-system").Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("pod %q: %v", pod, err)
+	}
+	got := map[string]string{}
+	for _, st := range p.Status.ContainerStatuses {
+		runtime, _, _ := strings.Cut(st.ContainerID, "://")
+		got[st.Name] = fmt.Sprintf("%s ready=%t %s", runtime, st.Ready, st.Image)
+	}
+	wantStatus := map[string]string{}
+	for name, img := range want {
+		wantStatus[name] = "containerd ready=true " + img
+	}
+	if diff := cmp.Diff(wantStatus, got); diff != "" {
+		t.Errorf("pod %s on %s: containers (-want +got):\n%s", p.Name, p.Spec.NodeName, diff)
+	}
+}
+
+// controlPlaneRestarts returns the restart count of every container of the chart's scheduler and
+// webhook pods, by pod/container.
+func controlPlaneRestarts(t *testing.T, c *cluster.Cluster) map[string]int32 {
+	t.Helper()
+	out := map[string]int32{}
+	for _, name := range []string{c.State.SchedulerPod, c.State.WebhookPod} {
+		p, err := c.Client().CoreV1().Pods("gpuslice-system").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range p.Status.ContainerStatuses {
+			out[name+"/"+st.Name] = st.RestartCount
+		}
+	}
+	return out
+}
+
+// runningPods returns the Running pods of the default namespace.
+func runningPods(t *testing.T, c *cluster.Cluster) []corev1.Pod {
+	t.Helper()
+	list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.Status.Phase == corev1.PodRunning {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // restartCounts returns the restart count of container main of every pod of the default namespace.

@@ -52,6 +52,9 @@ type Spec struct {
 	Name string
 	// Layers are applied in order, each over the ones before.
 	Layers []Layer
+	// Uncompressed stores the layers as plain tar instead of gzip: for images of large binaries
+	// that never leave this machine, where compressing costs seconds and saves nothing.
+	Uncompressed bool
 	// Config is the image's run configuration (entrypoint, user, environment, labels).
 	Config ocispec.ImageConfig
 }
@@ -180,15 +183,18 @@ func buildImage(s Spec, blobs map[digest.Digest]blob) (blob, error) {
 		if err != nil {
 			return blob{}, fmt.Errorf("image %s layer %d: %w", s.Name, i, err)
 		}
-		var gz bytes.Buffer
-		zw := gzip.NewWriter(&gz) // no name or time in the header: the same layer, the same bytes
-		if _, err := zw.Write(raw); err != nil {
-			return blob{}, err
+		b := newBlob(ocispec.MediaTypeImageLayer, raw)
+		if !s.Uncompressed {
+			var gz bytes.Buffer
+			zw := gzip.NewWriter(&gz) // no name or time in the header: the same layer, the same bytes
+			if _, err := zw.Write(raw); err != nil {
+				return blob{}, err
+			}
+			if err := zw.Close(); err != nil {
+				return blob{}, err
+			}
+			b = newBlob(ocispec.MediaTypeImageLayerGzip, gz.Bytes())
 		}
-		if err := zw.Close(); err != nil {
-			return blob{}, err
-		}
-		b := newBlob(ocispec.MediaTypeImageLayerGzip, gz.Bytes())
 		blobs[b.desc.Digest] = b
 		manifest.Layers = append(manifest.Layers, b.desc)
 		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, digest.FromBytes(raw))

@@ -230,3 +230,73 @@ func TestPackages(t *testing.T) {
 		t.Error("libc6's files hold no dynamic loader")
 	}
 }
+
+func TestWriteArchiveUncompressed(t *testing.T) {
+	spec := Spec{Name: "example.com/big:v1", Uncompressed: true, Layers: []Layer{{{Path: "/usr/bin/big", Data: []byte("binary"), Mode: 0o755}}}}
+	var buf bytes.Buffer
+	if err := WriteArchive(&buf, spec); err != nil {
+		t.Fatal(err)
+	}
+	files := archive(t, buf.Bytes())
+	var index ocispec.Index
+	if err := json.Unmarshal(files[ocispec.ImageIndexFile], &index); err != nil {
+		t.Fatal(err)
+	}
+	var manifest ocispec.Manifest
+	if err := json.Unmarshal(blobOf(t, files, index.Manifests[0]), &manifest); err != nil {
+		t.Fatal(err)
+	}
+	var cfg ocispec.Image
+	if err := json.Unmarshal(blobOf(t, files, manifest.Config), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	l := manifest.Layers[0]
+	if l.MediaType != ocispec.MediaTypeImageLayer || l.Digest != cfg.RootFS.DiffIDs[0] {
+		t.Errorf("layer %s %s with diff ID %s, want a plain tar whose digest is its diff ID", l.MediaType, l.Digest, cfg.RootFS.DiffIDs[0])
+	}
+	var got []string
+	tr := tar.NewReader(bytes.NewReader(blobOf(t, files, l)))
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, hdr.Name)
+	}
+	if diff := cmp.Diff([]string{"usr/", "usr/bin/", "usr/bin/big"}, got); diff != "" {
+		t.Errorf("layer entries (-want +got):\n%s", diff)
+	}
+}
+
+func TestKubeScheduler(t *testing.T) {
+	if _, err := Packages("libc6"); err != nil {
+		t.Skipf("no libc6 package to build on: %v", err)
+	}
+	dir := t.TempDir()
+	bin := func(name, version string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\necho '"+version+"'\n"), 0o755); err != nil { //nolint:gosec // G306: an executable of the test
+			t.Fatal(err)
+		}
+		return p
+	}
+	spec, err := Recipe{KubeSchedulerPath: bin("kube-scheduler", "Kubernetes v1.37.2")}.KubeScheduler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Name != KubeSchedulerRepo+":v1.37.2" || !spec.Uncompressed {
+		t.Errorf("image %s (uncompressed %t), want %s:v1.37.2, uncompressed", spec.Name, spec.Uncompressed, KubeSchedulerRepo)
+	}
+	if diff := cmp.Diff([]string{"/usr/local/bin/kube-scheduler"}, spec.Config.Entrypoint); diff != "" {
+		t.Errorf("entrypoint (-want +got):\n%s", diff)
+	}
+	if last := spec.Layers[len(spec.Layers)-1]; len(last) != 1 || last[0].Path != "/usr/local/bin/kube-scheduler" || last[0].Mode != 0o755 {
+		t.Errorf("last layer %+v, want the binary alone at /usr/local/bin/kube-scheduler", last)
+	}
+	if _, err := (Recipe{KubeSchedulerPath: bin("other", "something else")}).KubeScheduler(); err == nil || !strings.Contains(err.Error(), "Kubernetes v<version>") {
+		t.Errorf("a binary that prints no Kubernetes version: error %v, want one saying what was expected", err)
+	}
+}

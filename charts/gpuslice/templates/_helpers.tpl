@@ -43,6 +43,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.scheduler.kubeScheduler.image $tag -}}
 {{- end -}}
 
+{{/* kube-scheduler's HTTPS port: scheduler.kubeScheduler.securePort, absent after helm upgrade
+--reuse-values from a chart without it (0 would turn kube-scheduler's HTTPS off). */}}
+{{- define "gpuslice.kubeSchedulerPort" -}}
+{{- .Values.scheduler.kubeScheduler.securePort | default 10259 | int64 -}}
+{{- end -}}
+
 {{/* Names of the components' objects. */}}
 {{- define "gpuslice.devicePluginName" -}}{{ include "gpuslice.fullname" . }}-device-plugin{{- end -}}
 {{- define "gpuslice.schedulerName" -}}{{ include "gpuslice.fullname" . }}-scheduler{{- end -}}
@@ -86,6 +92,10 @@ of a template that does not exist then stops lint too, with an error that carrie
 {{- end -}}
 {{- if lt (int64 $s.extender.kubeAPIBurst) (int64 $s.kubeScheduler.clientBurst) -}}
 {{- include "gpuslice.fail" (printf "scheduler.extender.kubeAPIBurst=%v: must be at least scheduler.kubeScheduler.clientBurst (%v); the extender binds every GPU pod kube-scheduler schedules, one API request each" $s.extender.kubeAPIBurst $s.kubeScheduler.clientBurst) -}}
+{{- end -}}
+{{- $ksPort := include "gpuslice.kubeSchedulerPort" . | int64 -}}
+{{- if or (eq $ksPort (int64 $s.extender.port)) (eq $ksPort (add $s.extender.port 1 | int64)) -}}
+{{- include "gpuslice.fail" (printf "scheduler.kubeScheduler.securePort=%d: the extender uses scheduler.extender.port (%v) and its health port (port + 1) in the same pod network; choose another port" $ksPort $s.extender.port) -}}
 {{- end -}}
 {{- if and (not $s.leaderElection.enabled) (gt (int $s.replicas) 1) -}}
 {{- include "gpuslice.fail" (printf "scheduler.leaderElection.enabled=false: needs scheduler.replicas=1 (got %v); schedulers without leader election would all schedule and bind the same pods" $s.replicas) -}}

@@ -1,5 +1,6 @@
 // Command gpuslice-image builds the gpuslice image, and the pause and shell images of the local
-// cluster's real runtime, without a container engine (make image): see package image.
+// cluster's real runtime (with --kube-scheduler, also its kube-scheduler image), without a
+// container engine (make image): see package image.
 package main
 
 import (
@@ -18,6 +19,7 @@ func main() {
 	flag.StringVar(&r.Name, "name", "", "the gpuslice image's reference, e.g. ghcr.io/gpuslice/gpuslice:v0.1.0 (required)")
 	flag.StringVar(&r.Version, "version", "dev", "the image's version label")
 	flag.StringVar(&out, "out", "", "folder the archives are written to (required)")
+	flag.StringVar(&r.KubeSchedulerPath, "kube-scheduler", "", "a kube-scheduler binary to build the local cluster's kube-scheduler image from (make cluster's); empty: none")
 	flag.Parse()
 	if r.BinDir == "" || r.PausePath == "" || r.Name == "" || out == "" {
 		fmt.Fprintln(os.Stderr, "gpuslice-image: --bin-dir, --pause, --name and --out are required")
@@ -29,4 +31,7 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("gpuslice image %s: %s\npause and shell images %s, %s: %s\n", r.Name, a.Gpuslice, image.PauseName, image.ShellName, a.Test)
+	if a.KubeScheduler != "" {
+		fmt.Printf("kube-scheduler image %s, tagged with its version: %s\n", image.KubeSchedulerRepo, a.KubeScheduler)
+	}
 }
