@@ -250,7 +250,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		}
 		if p.GPUPolicy == PolicyFirstFit {
 			// The first GPU that fits, as fitState.rank leaves them.
-			best, bestUsed, bestUse = i, cell.share, use
+			best, bestUse = i, use
 			break
 		}
 		// fitState.rank's key; ties go to the fuller GPU, then the lower
