@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -452,4 +453,31 @@ func TestDRARace(t *testing.T) {
 	}
 	wg.Wait()
 	<-done
+}
+
+// BenchmarkPrioritizeDRA scores one DRA pod over 1,000 DRA nodes of 8 GPUs, each holding a few
+// claims, under the fragmentation policy: the cost of one /dra/prioritize call without HTTP.
+func BenchmarkPrioritizeDRA(b *testing.B) {
+	const nodes = 1000
+	d := newDRAState()
+	s := &Scheduler{dra: d, fitOptions: vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation},
+		state: newClusterState(vgpu.ResourceGPU, time.Now, time.Minute, vgpu.DefaultWorkload())}
+	d.upsertClass(vgputest.DRAClass())
+	names := make([]string, nodes)
+	for i := range nodes {
+		names[i] = fmt.Sprintf("n%04d", i)
+		d.upsertSlice(draNodeObjects(names[i], 8, 81920, "NVIDIA A100-SXM4-80GB"))
+		for k := range i % 5 {
+			d.upsertClaim(vgputest.Claim(fmt.Sprintf("held-%d-%d", i, k)).Allocated("gpu", names[i], fmt.Sprintf("gpu-%d", k), 20480, 20).Obj())
+		}
+	}
+	pod, claim := draPodWith("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 10240, 30))
+	d.upsertClaim(claim)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		if _, _, ok := s.draScores(ctx, pod, names); !ok {
+			b.Fatal("not scored")
+		}
+	}
 }
