@@ -17,7 +17,7 @@ import (
 const (
 	// DefaultDriverName is the DRA driver's name: the driver of the
 	// ResourceSlices and of the DeviceClass the chart installs.
-	DefaultDriverName = "gpuslice.hami.io"
+	DefaultDriverName = vgpu.DRADriverName
 	// DefaultRegistrarDir is the kubelet's plugin registration folder.
 	DefaultRegistrarDir = "/var/lib/kubelet/plugins_registry"
 	// DefaultPluginsDir is the parent of the driver's own folder (its

@@ -21,14 +21,14 @@ import (
 const (
 	// CapacityMemory is the GPU's schedulable memory, in bytes (a claim
 	// asks for "10Gi"); the container's limits are in MiB.
-	CapacityMemory resourceapi.QualifiedName = "memory"
+	CapacityMemory resourceapi.QualifiedName = vgpu.DRACapacityMemory
 	// CapacityCores is the GPU's compute, in percent (100 per GPU).
-	CapacityCores resourceapi.QualifiedName = "cores"
+	CapacityCores resourceapi.QualifiedName = vgpu.DRACapacityCores
 
-	AttributeUUID          resourceapi.QualifiedName = "uuid"
-	AttributeModel         resourceapi.QualifiedName = "model"
-	AttributeIndex         resourceapi.QualifiedName = "index"
-	AttributeNUMANode      resourceapi.QualifiedName = "numaNode"
+	AttributeUUID          resourceapi.QualifiedName = vgpu.DRAAttributeUUID
+	AttributeModel         resourceapi.QualifiedName = vgpu.DRAAttributeModel
+	AttributeIndex         resourceapi.QualifiedName = vgpu.DRAAttributeIndex
+	AttributeNUMANode      resourceapi.QualifiedName = vgpu.DRAAttributeNUMANode
 	AttributeDriverVersion resourceapi.QualifiedName = "driverVersion"
 	// AttributePCIBusID is the standard attribute of a PCI device.
 	AttributePCIBusID resourceapi.QualifiedName = "resource.kubernetes.io/pciBusID"
@@ -71,7 +71,9 @@ func schedulableGPUs(cfg Config, gpus []vgpu.GPU) ([]vgpu.GPU, error) {
 	return out, nil
 }
 
-// Devices returns the ResourceSlice devices of gpus: one per GPU, shared by
+// Devices returns the ResourceSlice devices of gpus, in their order (by index:
+// the order kube-scheduler's allocator tries them in; publishing them most used
+// first packs no better on the FGD trace, docs/dra.md): one per GPU, shared by
 // many claims (allowMultipleAllocations), with the attributes a DeviceClass
 // or claim selects on and the consumable capacities memory and cores. A
 // request that names no memory gets all of it (a whole GPU); one that

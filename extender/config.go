@@ -140,6 +140,11 @@ type Config struct {
 	// stale, False when allocatable stays 0). Empty: this instance
 	// maintains them without an election (a single extender).
 	NodeConditionLease string `json:"nodeConditionLease,omitempty"`
+	// DRA turns on the scoring of pods whose claims ask for gpuslice's DRA devices
+	// (Scheduler.PrioritizeDRA, POST /dra/prioritize): the extender then also watches
+	// ResourceSlices of the gpuslice driver, ResourceClaims and DeviceClasses
+	// (resource.k8s.io/v1), which the cluster must serve.
+	DRA bool `json:"dra,omitempty"`
 }
 
 // FilterResult is which of the nodes where a GPU pod fits Filter passes on to kube-scheduler.

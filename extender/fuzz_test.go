@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
 // fuzzBodies seeds every endpoint fuzzer: well-formed calls of kube-scheduler, their fields of
@@ -15,18 +17,27 @@ var fuzzBodies = []string{
 	`{"PodName":"p","PodNamespace":"default","PodUID":"u","Node":"n1"}`,
 	`{"PodName":"p","PodNamespace":"default","PodUID":"u","Node":"n-unknown"}`,
 	`{"Pod":{"spec":{"containers":[{"resources":{"limits":{"hami.io/gpumem":"1e300"}}}]}},"NodeNames":[]}`,
+	`{"Pod":{"metadata":{"name":"p","namespace":"default","uid":"u"},"spec":{"resourceClaims":[{"name":"gpu","resourceClaimTemplateName":"t"}]},"status":{"resourceClaimStatuses":[{"name":"gpu","resourceClaimName":"p-gpu"}]}},"NodeNames":["n1","n2"]}`,
 	`{"Pod":5,"NodeNames":"a"}`, `{}`, `null`, `[`, ``,
 }
 
 // fuzzEndpoint posts body to path of a Scheduler with one node: whatever a stranger sends, the
 // extender answers (no panic, no hang: the test's deadline bounds the call) with 200 or a 4xx
 // whose body names the problem, never a 5xx.
-func fuzzEndpoint(f *testing.F, path string) {
+func fuzzEndpoint(f *testing.F, path string) { fuzzEndpointWith(f, path, false) }
+
+// fuzzEndpointWith is fuzzEndpoint with Config.DRA set to dra, and then a DRA node beside.
+func fuzzEndpointWith(f *testing.F, path string, dra bool) {
 	for _, b := range fuzzBodies {
 		f.Add([]byte(b))
 	}
 	_, n1 := gpuNode("n1", 2, 16384)
-	e := newEnv(f, testConfig(), n1...)
+	cfg := testConfig()
+	cfg.DRA = dra
+	if dra {
+		n1 = append(n1, draNodeObjects("n2", 2, 16384, "Tesla T4"), vgputest.DRAClass())
+	}
+	e := newEnv(f, cfg, n1...)
 	h := e.s.Handler()
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, path, bytes.NewReader(body))

@@ -28,6 +28,8 @@ type podMeta struct {
 	Terminal bool
 	// Host is vgpu.HostRequestOf the pod.
 	Host vgpu.HostResources
+	// Claims is true when the pod names resource claims (spec.resourceClaims).
+	Claims bool
 }
 
 // GetObjectKind is that of an object without type information.
@@ -53,6 +55,7 @@ func metaOf(pod *corev1.Pod) *podMeta {
 		NodeName: pod.Spec.NodeName,
 		Terminal: terminal(pod.Status.Phase),
 		Host:     vgpu.HostRequestOf(pod),
+		Claims:   len(pod.Spec.ResourceClaims) > 0,
 	}
 }
 

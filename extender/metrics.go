@@ -51,7 +51,7 @@ const (
 const reasonUnknown = "Unknown"
 
 // verbs are the endpoints counted by MetricRequests, by path.
-var verbs = []string{"filter", "prioritize", "bind"}
+var verbs = []string{"filter", "prioritize", "bind", "dra/prioritize"}
 
 // durationBuckets span Filter over one node (well below a millisecond) to
 // a Bind that waits out Config.BindTimeout.

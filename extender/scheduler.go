@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -74,6 +75,8 @@ type Scheduler struct {
 	// events records pod and Node events in the background; WatchCluster
 	// runs it.
 	events *eventqueue.Queue
+	// dra is the DRA nodes and claims (Config.DRA); nil when off.
+	dra *draState
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics
@@ -104,6 +107,10 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		state:      newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
 		binds:      bindGate{max: int64(cfg.pendingBinds())},
 		workload:   tracker,
+	}
+	if cfg.DRA {
+		s.dra = newDRAState()
+		s.state.extraSupply = s.dra.supply
 	}
 	events := opts.EventClient
 	if events == nil {
@@ -144,7 +151,8 @@ func (s *Scheduler) NodeUsage(node string) *vgpu.NodeUsage { return s.state.usag
 func (s *Scheduler) Rejections() map[vgpu.Reason]int64 { return s.rejections.snapshot() }
 
 // WatchCluster runs the informers on Nodes, Pods and the heartbeat Leases
-// (in Config.HeartbeatNamespace) until ctx ends, keeping the state that
+// (in Config.HeartbeatNamespace), and with Config.DRA on the gpuslice
+// driver's ResourceSlices, ResourceClaims and DeviceClasses, until ctx ends, keeping the state that
 // Filter, Prioritize and Bind read; Ready turns true once their first
 // lists are handled. It returns nil when ctx ends, or an error when ctx
 // ends before the caches synced. Call it once.
@@ -161,6 +169,11 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		}))
 	defer cluster.Shutdown()
 	defer leases.Shutdown()
+	var draSlices informers.SharedInformerFactory
+	if s.dra != nil {
+		draSlices = draSliceFactory(s)
+		defer draSlices.Shutdown()
+	}
 
 	st := s.state
 	var regs []cache.ResourceEventHandlerRegistration
@@ -179,6 +192,18 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	)
 	if err != nil {
 		return err
+	}
+	if s.dra != nil {
+		// A deleted pod is forgotten by the online workload's DRA count.
+		forget := handlers(func(any) {}, func(obj any) {
+			if o, err := meta.Accessor(obj); err == nil {
+				s.dra.forgetPod(o.GetUID())
+			}
+		})
+		if err := errors.Join(s.watchDRA(cluster, draSlices, register), register(cluster.Core().V1().Pods().Informer(), forget)); err != nil {
+			return err
+		}
+		draSlices.Start(ctx.Done())
 	}
 	podStore := cluster.Core().V1().Pods().Informer().GetIndexer()
 	s.pods.Store(&podStore)
@@ -320,7 +345,7 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 					ResourceVersion: o.ResourceVersion, Annotations: annotations,
 					DeletionTimestamp: o.DeletionTimestamp,
 				},
-				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName, Overhead: o.Spec.Overhead},
+				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName, Overhead: o.Spec.Overhead, ResourceClaims: o.Spec.ResourceClaims},
 				Status: corev1.PodStatus{Phase: o.Status.Phase},
 			}
 			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
@@ -348,6 +373,8 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 				}
 			}
 			return n, nil
+		case *resourcev1.ResourceClaim:
+			return trimClaim(o), nil
 		case *coordinationv1.Lease:
 			// Only heartbeat Leases are watched: the renewal and the
 			// heartbeat annotation are all the extender reads.

@@ -17,9 +17,10 @@ import (
 	"github.com/gpuslice/gpuslice/internal/probe"
 )
 
-// Handler returns the extender's HTTP API: POST /filter, /prioritize and
-// /bind take and return the k8s.io/kube-scheduler/extender/v1 types as JSON
-// (Go field names as keys); GET /healthz answers 200 while the process
+// Handler returns the extender's HTTP API: POST /filter, /prioritize,
+// /bind and /dra/prioritize (PrioritizeDRA; every node scores 0 without
+// Config.DRA) take and return the k8s.io/kube-scheduler/extender/v1 types
+// as JSON (Go field names as keys); GET /healthz answers 200 while the process
 // serves; GET /readyz answers 200 once the informers synced, else 503;
 // GET /metrics serves the Prometheus metrics (docs/metrics.md).
 // A body that is empty, not one JSON value of the right shape, of another
@@ -35,6 +36,7 @@ func (s *Scheduler) Handler() http.Handler {
 	r.Handle("/filter", s.metrics.instrument("filter", s.authorized(jsonEndpoint(s.Filter)))).Methods(http.MethodPost)
 	r.Handle("/prioritize", s.metrics.instrument("prioritize", s.authorized(jsonEndpoint(s.Prioritize)))).Methods(http.MethodPost)
 	r.Handle("/bind", s.metrics.instrument("bind", s.authorized(jsonEndpoint(s.Bind)))).Methods(http.MethodPost)
+	r.Handle("/dra/prioritize", s.metrics.instrument("dra/prioritize", s.authorized(jsonEndpoint(s.PrioritizeDRA)))).Methods(http.MethodPost)
 	s.healthRoutes(r)
 	return r
 }

@@ -47,6 +47,9 @@ type clusterState struct {
 	retries         *retries
 	now             func() time.Time
 	heartbeatMaxAge time.Duration
+	// extraSupply, when set, adds GPUs by model that no Node inventory
+	// lists (the DRA nodes') to the workload's supply; it must not take mu.
+	extraSupply func() map[string]int
 	// workload is what Fit measures fragmentation against, and node
 	// summaries are measured against it; setWorkload replaces it with a
 	// new snapshot of the online workload. Never modified.

@@ -146,6 +146,11 @@ func (st *clusterState) setWorkload(w *vgpu.Workload) {
 		}
 	}
 	st.mu.RUnlock()
+	if st.extraSupply != nil {
+		for model, n := range st.extraSupply() {
+			supply[model] += n
+		}
+	}
 	w.SetSupply(supply)
 	st.mu.Lock()
 	st.workload = w
@@ -168,17 +173,19 @@ func (st *clusterState) setWorkload(w *vgpu.Workload) {
 
 // podArrived counts a pod the pod informer sees for the first time into
 // the online workload, unless it finished already or its request is
-// invalid (Filter says why to kube-scheduler).
+// invalid (Filter says why to kube-scheduler). With Config.DRA, a pod
+// that names resource claims is counted when PrioritizeDRA first scores it
+// instead, once its claims, and so its GPU requests, are known.
 func (s *Scheduler) podArrived(obj any) {
 	var pod vgpu.PodDemand
 	switch o := obj.(type) {
 	case *podMeta:
-		if o.Terminal {
+		if o.Terminal || o.Claims && s.dra != nil {
 			return
 		}
 		pod.Host = o.Host
 	case *corev1.Pod:
-		if terminal(o.Status.Phase) {
+		if terminal(o.Status.Phase) || len(o.Spec.ResourceClaims) > 0 && s.dra != nil {
 			return
 		}
 		d, err := podDemandOf(o)

@@ -73,8 +73,9 @@ func (e *FitError) Error() string {
 //
 // Among GPUs that fit, the GPU policy picks (binpack: most used first;
 // spread: least used first; fragmentation: least increase of
-// Fragmentation first, then most used); remaining ties go to the lower
-// position in node.Inventory.GPUs (Index order). Containers are placed one
+// Fragmentation first, then most used; PolicyFirstFit: inventory order);
+// remaining ties go to the lower position in node.Inventory.GPUs (Index
+// order). A container with ContainerRequest.UUIDs takes only those GPUs. Containers are placed one
 // at a time, sidecars and app containers first in request order, then
 // regular init containers; Fit does not backtrack, so a pod whose
 // containers fit only in another arrangement is reported as not fitting.
@@ -468,6 +469,7 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
 		}
 		f.healthy++
 		modelOK, uuidOK := c.admits(g)
+		uuidOK = uuidOK && cr.admitsUUID(g.UUID)
 		if !modelOK {
 			continue
 		}
@@ -512,7 +514,11 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
 }
 
 // rank orders s.cands best first under policy; ties go to the lower index.
+// Under PolicyFirstFit they stay in GPU order, as choose found them.
 func (s *fitState) rank(ci int, policy Policy) {
+	if policy == PolicyFirstFit {
+		return
+	}
 	if policy == PolicyFragmentation {
 		s.fragModel().stats(s)
 	}

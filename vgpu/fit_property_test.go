@@ -54,6 +54,9 @@ func randomDemand(rng *rand.Rand, node vgpu.NodeInventory) vgpu.PodDemand {
 			c.MemoryMiB = int64(256 * (1 + rng.IntN(40)))
 			c.CoresPercent = []int{0, 10, 25, 50}[rng.IntN(4)]
 		}
+		if rng.IntN(8) == 0 {
+			c.UUIDs = []string{node.GPUs[rng.IntN(len(node.GPUs))].UUID, node.GPUs[rng.IntN(len(node.GPUs))].UUID}
+		}
 		req.Containers = append(req.Containers, c)
 	}
 	// Init containers come first, as RequestFromPod orders them.
@@ -80,8 +83,11 @@ func randomDemand(rng *rand.Rand, node vgpu.NodeInventory) vgpu.PodDemand {
 		c.UUIDs = []string{node.GPUs[rng.IntN(len(node.GPUs))].UUID, "GPU-7"}
 	}
 	c.NUMABind = rng.IntN(4) == 0
-	c.GPUPolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation}[rng.IntN(4)]
+	c.GPUPolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation, vgpu.PolicyFirstFit}[rng.IntN(5)]
 	c.NodePolicy = c.GPUPolicy
+	if c.NodePolicy == vgpu.PolicyFirstFit {
+		c.NodePolicy = vgpu.PolicyFragmentation
+	}
 	return vgpu.PodDemand{Request: req, Constraints: c}
 }
 
@@ -177,6 +183,9 @@ func checkAllocation(t *testing.T, node vgpu.NodeInventory, d vgpu.PodDemand, a 
 			}
 			if (len(c.UUIDs) > 0 && !slices.Contains(c.UUIDs, g.UUID)) || slices.Contains(c.ExcludeUUIDs, g.UUID) {
 				t.Fatalf("GPU %s breaks the UUID filter %v / %v", g.UUID, c.UUIDs, c.ExcludeUUIDs)
+			}
+			if len(want.UUIDs) > 0 && !slices.Contains(want.UUIDs, g.UUID) {
+				t.Fatalf("GPU %s is not one of container %s's %v", g.UUID, want.Name, want.UUIDs)
 			}
 			if want.CoresPercent != s.CoresPercent {
 				t.Fatalf("slice cores %d, want %d", s.CoresPercent, want.CoresPercent)

@@ -35,6 +35,11 @@ type ContainerRequest struct {
 	// whole GPUs that no other slice shares (MemoryPercent and CoresPercent
 	// are then 100).
 	Exclusive bool
+	// UUIDs, when not empty, are the only GPUs the container may take,
+	// besides the pod's Constraints: a DRA request's device selectors,
+	// evaluated by the caller on one node's devices. RequestFromPod leaves
+	// it empty.
+	UUIDs []string
 }
 
 // PodRequest is what a pod asks for: one entry per container that sets any

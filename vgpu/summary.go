@@ -163,7 +163,7 @@ func (s *NodeSummary) Reject(pod PodDemand) (Reason, bool) {
 // no model or UUID filter and no enforcement requirement.
 func oneSlice(pod PodDemand) bool {
 	cs, c := pod.Request.Containers, pod.Constraints
-	return len(cs) == 1 && !cs[0].Init && cs[0].GPUs == 1 && !cs[0].Exclusive &&
+	return len(cs) == 1 && !cs[0].Init && cs[0].GPUs == 1 && !cs[0].Exclusive && len(cs[0].UUIDs) == 0 &&
 		len(c.Models) == 0 && len(c.ExcludeModels) == 0 && len(c.UUIDs) == 0 && len(c.ExcludeUUIDs) == 0 &&
 		!c.Enforcement.Required
 }
@@ -247,6 +247,11 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		f.memory++
 		if cell.cores+use.CoresPercent > cell.coresCap {
 			continue
+		}
+		if p.GPUPolicy == PolicyFirstFit {
+			// The first GPU that fits, as fitState.rank leaves them.
+			best, bestUse = i, use
+			break
 		}
 		// fitState.rank's key; ties go to the fuller GPU, then the lower
 		// position, as its stable sort does.

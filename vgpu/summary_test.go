@@ -64,7 +64,8 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 					// Node and GPU policies: fragmentation on the node, and
 					// each policy alone, so that every path of NodeSummary.Fit
 					// meets host resources known and not.
-					policies := [][2]vgpu.Policy{{vgpu.PolicyFragmentation, vgpu.PolicyBinpack}, {vgpu.PolicyBinpack, vgpu.PolicyBinpack}, {vgpu.PolicySpread, vgpu.PolicySpread}, {vgpu.PolicyFragmentation, vgpu.PolicyFragmentation}}
+					policies := [][2]vgpu.Policy{{vgpu.PolicyFragmentation, vgpu.PolicyBinpack}, {vgpu.PolicyBinpack, vgpu.PolicyBinpack}, {vgpu.PolicySpread, vgpu.PolicySpread}, {vgpu.PolicyFragmentation, vgpu.PolicyFragmentation},
+						{vgpu.PolicyFragmentation, vgpu.PolicyFirstFit}, {vgpu.PolicyBinpack, vgpu.PolicyFirstFit}}
 					policy := policies[rng.IntN(len(policies))]
 					for _, ow := range []*vgpu.Workload{w, other} {
 						for _, variant := range []int{0, 1, 2, 3} {

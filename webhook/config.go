@@ -78,6 +78,9 @@ func (c Config) Validate() error {
 	if len(c.DRA.Namespaces) > 0 && !c.DRA.Enabled {
 		errs = append(errs, vgpu.InvalidField("dra.namespaces", strings.Join(c.DRA.Namespaces, ","), "needs dra.enabled: true"))
 	}
+	if c.DRA.Score && !c.DRA.Enabled {
+		errs = append(errs, vgpu.InvalidField("dra.score", "true", "needs dra.enabled: true"))
+	}
 	return errors.Join(errs...)
 }
 

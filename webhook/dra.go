@@ -48,6 +48,11 @@ type DRAConfig struct {
 	// DeviceClassName is the DeviceClass the requests name; empty means
 	// DefaultDRADeviceClass.
 	DeviceClassName string `json:"deviceClassName,omitempty"`
+	// Score steers converted pods to Config.SchedulerName, whose extender
+	// ranks DRA pods' nodes by gpuslice's score (the extender's dra,
+	// docs/dra.md), as it steers device-plugin pods. Off, the scheduler
+	// name is left alone and the stock profile places them.
+	Score bool `json:"score,omitempty"`
 }
 
 // deviceClass returns the class the requests name.

@@ -194,6 +194,36 @@ func TestMutateDRASharedTemplate(t *testing.T) {
 	}
 }
 
+// TestMutateDRAScore checks that with DRAConfig.Score a converted pod is steered to the gpuslice
+// profile, whose extender scores its nodes, unless it names another scheduler, and that the patch
+// stays idempotent.
+func TestMutateDRAScore(t *testing.T) {
+	cfg := draConfig()
+	cfg.DRA.Score = true
+	for _, tt := range []struct{ scheduler, want string }{
+		{"", webhook.DefaultSchedulerName},
+		{corev1.DefaultSchedulerName, webhook.DefaultSchedulerName},
+		{"team-scheduler", "team-scheduler"},
+	} {
+		pod := vgputest.Pod("p").Namespace("ml").Container("main").MemoryMiB(4096).Obj()
+		pod.Spec.SchedulerName = tt.scheduler
+		res, err := webhook.Mutate(pod, cfg)
+		if err != nil || res.Template == nil {
+			t.Fatalf("Mutate: %+v, %v", res, err)
+		}
+		patched := applyWithAPIServerPatcher(t, pod, res.Patch)
+		if patched.Spec.SchedulerName != tt.want {
+			t.Errorf("schedulerName %q: patched to %q, want %q", tt.scheduler, patched.Spec.SchedulerName, tt.want)
+		}
+		if len(patched.Spec.ResourceClaims) != 1 {
+			t.Errorf("schedulerName %q: claims %+v, want the pod claim", tt.scheduler, patched.Spec.ResourceClaims)
+		}
+		if again, err := webhook.Mutate(patched, cfg); err != nil || !again.Skipped {
+			t.Errorf("Mutate on the patched pod: %+v, %v; want skipped", again, err)
+		}
+	}
+}
+
 func TestDRAConfigValidate(t *testing.T) {
 	tests := []struct {
 		dra  webhook.DRAConfig
@@ -204,6 +234,7 @@ func TestDRAConfigValidate(t *testing.T) {
 		{webhook.DRAConfig{Enabled: true, Namespaces: []string{"ml", "*"}}, `dra.namespaces="*": "*" (every namespace) must be the only entry`},
 		{webhook.DRAConfig{Enabled: true, Namespaces: []string{"ML"}}, `dra.namespaces="ML": each entry must be a namespace name`},
 		{webhook.DRAConfig{Enabled: true, DeviceClassName: "Bad Class"}, `dra.deviceClassName="Bad Class": must be a DeviceClass name`},
+		{webhook.DRAConfig{Score: true}, `dra.score="true": needs dra.enabled: true`},
 	}
 	for _, tt := range tests {
 		cfg := webhook.DefaultConfig()

@@ -71,8 +71,10 @@ type Result struct {
 //     container, named after it: count = hami.io/gpu, capacity memory and
 //     cores from hami.io/gpumem and hami.io/gpucores, model and UUID
 //     annotations as CEL selectors), removes every hami.io/* resource and
-//     gives each GPU container the claim's request of its name; the
-//     scheduler name is left alone (the stock scheduler allocates claims).
+//     gives each GPU container the claim's request of its name; with
+//     cfg.DRA.Score it sets spec.schedulerName as below (that profile's
+//     extender scores the nodes; kube-scheduler's allocator places the
+//     claims), else it leaves it alone.
 //     hami.io/gpumem-percentage other than 100, the enforcement
 //     annotation and a pod claim already named DRAClaimName are denied;
 //   - else it is allowed with a patch that sets spec.schedulerName to
@@ -149,7 +151,11 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 		if len(errs) > 0 {
 			return deny(errs)
 		}
-		return Result{Patch: append(renames, draOps...), Allowed: true, Template: tmpl}
+		patch := renames
+		if cfg.DRA.Score {
+			patch = append(patch, schedulerName(pod.DeepCopy(), cfg)...)
+		}
+		return Result{Patch: append(patch, draOps...), Allowed: true, Template: tmpl}
 	}
 	return Result{Patch: ops, Allowed: true}
 }

@@ -120,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.IntVar(&cfg.WorkloadHalfLife, "workload-half-life", cfg.WorkloadHalfLife, "pods after which a pod counts half as much in the online workload")
 	fs.StringVar(&cfg.NodeConditionLease, "node-condition-lease", cfg.NodeConditionLease, "namespace/name of the Lease that elects the instance maintaining the nodes' GPUSliceRegistered condition (default: no election, this instance maintains it)")
 	fs.IntVar(&cfg.GCPercent, "gc-percent", cfg.GCPercent, "the Go garbage collector's target (GOGC, 10-1000); the GOGC environment variable wins")
+	fs.BoolVar(&cfg.DRA, "dra", cfg.DRA, "score the nodes of pods whose claims ask for gpuslice's DRA devices on /dra/prioritize (watches ResourceSlices, ResourceClaims and DeviceClasses)")
 	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")
 	if err := configfile.Parse(fs, args, &cfg, extender.DefaultConfig(), configFile); err != nil {
 		return cfg, "", err

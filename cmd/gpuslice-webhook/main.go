@@ -93,6 +93,7 @@ func parseFlags(name string, args []string) (webhook.ServerConfig, string, error
 	fs.BoolVar(&cfg.HAMiCompat, "hami-compat", cfg.HAMiCompat, "rewrite HAMi's resource names (nvidia.com/gpu, …) and pod annotations to gpuslice's (docs/migrating-from-hami.md)")
 	fs.BoolVar(&cfg.DRA.Enabled, "dra", cfg.DRA.Enabled, "turn GPU pods bound for DRA-mode nodes into resource claims (docs/dra.md); needs an API client")
 	fs.Var((*configfile.List)(&cfg.DRA.Namespaces), "dra-namespaces", `comma-separated namespaces whose GPU pods all become claims ("*": every namespace); other pods only when they select gpuslice.hami.io/mode=dra`)
+	fs.BoolVar(&cfg.DRA.Score, "dra-score", cfg.DRA.Score, "steer the pods turned into claims to --scheduler-name too, whose extender scores DRA pods' nodes (the extender's --dra)")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for creating the claim templates of converted pods (default: in-cluster; used only with dra)")
 	if err := configfile.Parse(fs, args, &cfg, webhook.DefaultServerConfig(), configFile); err != nil {
 		return cfg, kubeconfig, err

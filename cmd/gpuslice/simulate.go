@@ -31,6 +31,8 @@ type simulateConfig struct {
 	parallel  int
 	tune      float64
 	failed    int
+	// order is the device order of DRA-mode nodes.
+	order simulate.DeviceOrder
 }
 
 func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
@@ -46,6 +48,7 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 	fs.IntVar(&cfg.parallel, "parallel", runtime.GOMAXPROCS(0), "replays run at once")
 	fs.Float64Var(&cfg.tune, "tune", simulate.DefaultTune, "demand, as a multiple of capacity, the task list is extended to")
 	fs.IntVar(&cfg.failed, "failed", 0, "also list, per policy, the N shapes of failed tasks with the most GPU demand (mean per seed)")
+	order := fs.String("device-order", string(simulate.DeviceOrderIndex), "device order of DRA-mode nodes' ResourceSlices, which the DRA allocator's first fit follows (policies dra, dra-gpuslice): index, or used (most used first, republished after every allocation)")
 	variant := fs.String("variant", "", "replay a variant made from the trace, as the FGD paper's simulator made its files: gpuspecNN, multigpuNN or cpuNNN (e.g. gpuspec33, multigpu50, cpu250); default: the trace itself")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -68,7 +71,12 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 		errs = append(errs, fmt.Errorf("--seeds=%d: must be at least 1", cfg.seeds))
 	}
 	cfg.parallel = max(cfg.parallel, 1)
-	known := append(simulate.Policies(), simulate.PolicyDRA)
+	if o, err := simulate.ParseDeviceOrder(*order); err != nil {
+		errs = append(errs, fmt.Errorf("--device-order: %w", err))
+	} else {
+		cfg.order = o
+	}
+	known := append(simulate.Policies(), simulate.DRAPolicies()...)
 	if *policy == "all" {
 		cfg.policies = known
 	}
@@ -94,7 +102,7 @@ func parseSimulateFlags(args []string, out io.Writer) (simulateConfig, error) {
 
 func policyNames() string {
 	var names []string
-	for _, p := range append(simulate.Policies(), simulate.PolicyDRA) {
+	for _, p := range append(simulate.Policies(), simulate.DRAPolicies()...) {
 		names = append(names, string(p))
 	}
 	return strings.Join(names, ", ")
@@ -161,7 +169,7 @@ func runSimulate(ctx context.Context, args []string, out io.Writer) error {
 				return
 			}
 			start := time.Now()
-			res, err := simulate.Replay(nodes, tasks, simulate.Config{Policy: j.policy, Seed: j.seed, Tune: cfg.tune})
+			res, err := simulate.Replay(nodes, tasks, simulate.Config{Policy: j.policy, Seed: j.seed, Tune: cfg.tune, DeviceOrder: cfg.order})
 			results[i] = outcome{res: res, elapsed: time.Since(start), err: err}
 		})
 	}

@@ -298,9 +298,19 @@ func checkSchedulerConfig(t *testing.T, f configFile) *kubeschedulerconfigv1.Kub
 	if ns := cfg.LeaderElection.ResourceNamespace; ns != releaseNamespace {
 		t.Errorf("%s: leaderElection.resourceNamespace %q, want %q (the Role grants the Lease there)", f.ref, ns, releaseNamespace)
 	}
-	if len(cfg.Extenders) != 1 {
-		t.Errorf("%s: %d extenders, want the gpuslice extender only", f.ref, len(cfg.Extenders))
+	if len(cfg.Extenders) != 1 && len(cfg.Extenders) != 2 {
+		t.Errorf("%s: %d extenders, want the gpuslice extender, and its DRA scoring", f.ref, len(cfg.Extenders))
 		return &cfg
+	}
+	if len(cfg.Extenders) == 2 {
+		// The DRA scoring (dra.enabled): prioritize only, asked about every pod of the profile
+		// (no managedResources), never failing a pod.
+		d := cfg.Extenders[1]
+		got := struct{ Filter, Prioritize, Bind, NodeCacheCapable, Ignorable, Managed, URL any }{d.FilterVerb, d.PrioritizeVerb, d.BindVerb, d.NodeCacheCapable, d.Ignorable, len(d.ManagedResources), d.URLPrefix}
+		want := struct{ Filter, Prioritize, Bind, NodeCacheCapable, Ignorable, Managed, URL any }{"", "dra/prioritize", "", true, true, 0, cfg.Extenders[0].URLPrefix}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: DRA scoring extender (-want +got):\n%s", f.ref, diff)
+		}
 	}
 	e := cfg.Extenders[0]
 	// prioritizeVerb is checked against the extender's filterResult (checkCrossComponent).
@@ -349,8 +359,15 @@ func checkCrossComponent(t *testing.T, r rendered, got loadedComponents) {
 	if s, x := got.binaries["kube-scheduler"], got.binaries["gpuslice-scheduler"]; s != x {
 		t.Errorf("%d kube-scheduler containers and %d extender containers; they run together", s, x)
 	}
-	if got.scheduler != nil && got.extender != nil && len(got.scheduler.Extenders) == 1 {
+	if got.scheduler != nil && got.extender != nil && len(got.scheduler.Extenders) >= 1 {
 		e, x := got.scheduler.Extenders[0], got.extender
+		// kube-scheduler asks /dra/prioritize exactly when the extender watches DRA objects.
+		if dra := len(got.scheduler.Extenders) == 2; dra != x.DRA {
+			t.Errorf("kube-scheduler calls the DRA scoring: %t; the extender's dra: %t", dra, x.DRA)
+		}
+		if got.webhook != nil && got.webhook.DRA.Score && !x.DRA {
+			t.Errorf("the webhook steers converted pods to the gpuslice profile (dra.score), whose extender does not score DRA pods")
+		}
 		scheme := map[bool]string{false: "http", true: "https"}[e.EnableHTTPS]
 		if want := scheme + "://" + x.Address; e.URLPrefix != want {
 			t.Errorf("kube-scheduler calls the extender at %q, but it serves %s", e.URLPrefix, want)

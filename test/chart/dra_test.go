@@ -252,21 +252,60 @@ func TestDRAPluginRBAC(t *testing.T) {
 	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, webhookBinding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The extender's DRA scoring: informers on the driver's slices, the claims and the classes.
+	extenderRole, ok := findTyped[*rbacv1.ClusterRole](r, "ClusterRole", "", releaseName+"-scheduler-extender")
+	extenderBinding, ok2 := findTyped[*rbacv1.ClusterRoleBinding](r, "ClusterRoleBinding", "", releaseName+"-scheduler-extender")
+	if !ok || !ok2 {
+		t.Fatal("the DRA render lacks the extender's ClusterRole or binding")
+	}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, extenderRole, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, extenderBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	webhookUser := "system:serviceaccount:" + releaseNamespace + ":" + releaseName + "-webhook"
-	for _, tt := range []struct {
-		verb, resource string
-		want           bool
-	}{{"create", "resourceclaimtemplates", true}, {"get", "resourceclaimtemplates", false}, {"update", "resourceclaimtemplates", false}, {"delete", "resourceclaimtemplates", false}, {"create", "resourceclaims", false}} {
+	extenderUser := "system:serviceaccount:" + releaseNamespace + ":" + releaseName + "-scheduler"
+	type grant struct {
+		user, namespace, verb, resource string
+		want                            bool
+	}
+	grants := []grant{
+		{webhookUser, "ml", "create", "resourceclaimtemplates", true}, {webhookUser, "ml", "get", "resourceclaimtemplates", false}, {webhookUser, "ml", "update", "resourceclaimtemplates", false},
+		{webhookUser, "ml", "delete", "resourceclaimtemplates", false}, {webhookUser, "ml", "create", "resourceclaims", false},
+		{extenderUser, "", "list", "resourceslices", true}, {extenderUser, "", "watch", "resourceslices", true},
+		{extenderUser, "ml", "list", "resourceclaims", true}, {extenderUser, "ml", "watch", "resourceclaims", true},
+		{extenderUser, "", "list", "deviceclasses", true}, {extenderUser, "", "watch", "deviceclasses", true},
+		{extenderUser, "ml", "get", "resourceclaims", false}, {extenderUser, "ml", "update", "resourceclaims", false},
+		{extenderUser, "", "create", "resourceslices", false}, {extenderUser, "ml", "list", "resourceclaimtemplates", false},
+	}
+	allowed := func(g grant) (bool, error) {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: webhookUser, Groups: []string{"system:serviceaccounts", "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "ml", Verb: tt.verb, Group: rs, Resource: tt.resource},
+			User: g.user, Groups: []string{"system:serviceaccounts", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: g.namespace, Verb: g.verb, Group: rs, Resource: g.resource},
 		}}
 		got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
 		if err != nil {
+			return false, err
+		}
+		return got.Status.Allowed, nil
+	}
+	// The RBAC authorizer reads roles from its informer: wait until the granted ones are seen.
+	for _, g := range grants {
+		if !g.want {
+			continue
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) { return allowed(g) }); err != nil {
+			t.Errorf("%s %s %s: never allowed: %v", g.user, g.verb, g.resource, err)
+		}
+	}
+	for _, g := range grants {
+		got, err := allowed(g)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Status.Allowed != tt.want {
-			t.Errorf("webhook %s %s: allowed %t, want %t", tt.verb, tt.resource, got.Status.Allowed, tt.want)
+		if got != g.want {
+			t.Errorf("%s %s %s: allowed %t, want %t", g.user, g.verb, g.resource, got, g.want)
 		}
 	}
 

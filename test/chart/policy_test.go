@@ -276,6 +276,9 @@ func TestExtenderRBAC(t *testing.T) {
 		{access{corev1.NamespaceNodeLease, "update", "leases", "", "coordination.k8s.io"}, false},
 		{access{"default", "list", "leases", "", "coordination.k8s.io"}, false},
 		{access{"default", "get", "secrets", "", ""}, false},
+		// DRA scoring's informers only with dra.enabled (TestDRAPluginRBAC).
+		{access{"", "list", "resourceslices", "", "resource.k8s.io"}, false},
+		{access{"default", "list", "resourceclaims", "", "resource.k8s.io"}, false},
 	}
 	for _, tt := range tests {
 		a := tt.access

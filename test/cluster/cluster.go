@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,11 @@ type Options struct {
 	ControllerManager bool
 	// ExtenderArgs and WebhookArgs are extra flags for the extender and the webhook.
 	ExtenderArgs, WebhookArgs []string
+	// DRAScore has the extender score DRA pods' nodes (its --dra) and kube-scheduler call it for
+	// every pod, with prioritizeVerb dra/prioritize, as the chart does with dra.enabled; the
+	// webhook steers the pods it turns into claims to the gpuslice profile (--dra-score, which
+	// needs WebhookArgs --dra). Ignored with Chart and SchedulerConfig.
+	DRAScore bool
 	// SchedulerConfig, when set, is the KubeSchedulerConfiguration (YAML) kube-scheduler runs
 	// with instead of the built-in stock and gpuslice profiles. Start sets its
 	// clientConnection.kubeconfig and the urlPrefix of each of its extenders to the cluster's
@@ -212,14 +218,19 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 		}
 		return c.addNodes(ctx, opts.Nodes)
 	}
-	extenderPort, err := c.startExtender(ctx, opts.ExtenderArgs)
+	extenderArgs, webhookArgs := opts.ExtenderArgs, opts.WebhookArgs
+	if opts.DRAScore {
+		extenderArgs = append(slices.Clone(extenderArgs), "--dra")
+		webhookArgs = append(slices.Clone(webhookArgs), "--dra-score")
+	}
+	extenderPort, err := c.startExtender(ctx, extenderArgs)
 	if err != nil {
 		return err
 	}
-	if err := c.startWebhook(ctx, opts.WebhookArgs); err != nil {
+	if err := c.startWebhook(ctx, webhookArgs); err != nil {
 		return err
 	}
-	if err := c.startScheduler(ctx, extenderPort, opts.SchedulerConfig); err != nil {
+	if err := c.startScheduler(ctx, extenderPort, opts.SchedulerConfig, opts.DRAScore); err != nil {
 		return err
 	}
 	if opts.ControllerManager {

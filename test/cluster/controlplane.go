@@ -142,14 +142,14 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 }
 
 // startScheduler starts kube-scheduler with the stock and gpuslice profiles, the latter calling the
-// extender on extenderPort, and waits for its /healthz. A non-empty config replaces the profiles
-// (Options.SchedulerConfig).
-func (c *Cluster) startScheduler(ctx context.Context, extenderPort int, config string) error {
+// extender on extenderPort (and its DRA scoring with draScore, Options.DRAScore), and waits for its
+// /healthz. A non-empty config replaces the profiles (Options.SchedulerConfig).
+func (c *Cluster) startScheduler(ctx context.Context, extenderPort int, config string, draScore bool) error {
 	dir := filepath.Join(c.State.Dir, "kube-scheduler")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create scheduler folder: %w", err)
 	}
-	doc := schedulerConfig(c.State.Kubeconfig, extenderPort)
+	doc := schedulerConfig(c.State.Kubeconfig, extenderPort, draScore)
 	if config != "" {
 		var err error
 		if doc, err = pointSchedulerConfig(config, c.State.Kubeconfig, extenderPort); err != nil {

@@ -34,6 +34,9 @@ const (
 	// ExtenderName and WebhookName are the process names of the extender and the webhook.
 	ExtenderName = "gpuslice-scheduler"
 	WebhookName  = "gpuslice-webhook"
+	// DRAScoreWeight is the weight of the DRA scoring extender entry (Options.DRAScore), the
+	// chart's default scheduler.extender.draWeight.
+	DRAScoreWeight = 20
 )
 
 // The extender manages every vgpu.Resources() name, all ignored by the scheduler's own resource
@@ -49,8 +52,11 @@ const (
 // gpuslice profile's percentageOfNodesToScore and MostAllocated scoring (scoringStrategy auto
 // under the default binpack policy), and no prioritizeVerb (the extender's default
 // filterResult best passes only the best-scoring nodes); the stock profile keeps
-// kube-scheduler's defaults.
-func schedulerConfig(kubeconfig string, extenderPort int) string {
+// kube-scheduler's defaults. With draScore, a second extender entry, as the chart's with
+// dra.enabled: prioritizeVerb dra/prioritize at the chart's default weight, no managedResources
+// (asked about every pod of both profiles here; it scores only pods with gpuslice claims),
+// ignorable.
+func schedulerConfig(kubeconfig string, extenderPort int, draScore bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -84,6 +90,15 @@ extenders:
 `, kubeconfig, SchedulerName, extenderPort)
 	for _, r := range vgpu.Resources() {
 		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: true\n", r)
+	}
+	if draScore {
+		fmt.Fprintf(&b, `- urlPrefix: http://127.0.0.1:%d
+  prioritizeVerb: dra/prioritize
+  weight: %d
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  ignorable: true
+`, extenderPort, DRAScoreWeight)
 	}
 	return b.String()
 }

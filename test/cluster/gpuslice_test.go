@@ -33,6 +33,7 @@ func TestSchedulerConfigLikeChart(t *testing.T) {
 			Extender struct {
 				KubeAPIQPS   float32 `json:"kubeAPIQPS"`
 				KubeAPIBurst int     `json:"kubeAPIBurst"`
+				DRAWeight    int64   `json:"draWeight"`
 			} `json:"extender"`
 		} `json:"scheduler"`
 	}
@@ -40,8 +41,13 @@ func TestSchedulerConfigLikeChart(t *testing.T) {
 		t.Fatalf("chart values: %v", err)
 	}
 	var cfg kubeschedulerconfigv1.KubeSchedulerConfiguration
-	if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888)), &cfg); err != nil {
+	if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888, true)), &cfg); err != nil {
 		t.Fatal(err)
+	}
+	// The DRA scoring entry (Options.DRAScore) as the chart's with dra.enabled.
+	if len(cfg.Extenders) != 2 || cfg.Extenders[1].PrioritizeVerb != "dra/prioritize" || cfg.Extenders[1].Weight != values.Scheduler.Extender.DRAWeight ||
+		len(cfg.Extenders[1].ManagedResources) != 0 || !cfg.Extenders[1].Ignorable {
+		t.Errorf("extenders %+v; want the filter and bind entry, then dra/prioritize at weight %d, no managedResources, ignorable", cfg.Extenders, values.Scheduler.Extender.DRAWeight)
 	}
 
 	type settings struct {

@@ -1,7 +1,9 @@
 package simulate
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"strings"
 )
 
@@ -27,6 +29,8 @@ type draGPU struct {
 type draNode struct {
 	cpu, mem, cpuFree, memFree int64
 	gpus                       []draGPU
+	// order is deviceOrder's buffer.
+	order []int
 }
 
 // draDemand is what one device of a task consumes.
@@ -56,10 +60,17 @@ func modelOK(model string, models []string) bool {
 	return false
 }
 
-// firstFit returns the indexes of the first t.GPUs devices of n that fit t, or nil.
-func (n *draNode) firstFit(t Task, d draDemand) []int {
+// firstFit returns the indexes of the first t.GPUs devices of n, in order, that fit t, or nil.
+func (n *draNode) firstFit(t Task, d draDemand, order DeviceOrder) []int {
 	var out []int
-	for i := range n.gpus {
+	for k := range n.gpus {
+		i := k
+		if order == DeviceOrderUsed {
+			if k == 0 {
+				n.order = n.deviceOrder(n.order[:0])
+			}
+			i = n.order[k]
+		}
 		g := &n.gpus[i]
 		if !modelOK(g.model, t.Models) {
 			continue
@@ -72,6 +83,19 @@ func (n *draNode) firstFit(t Task, d draDemand) []int {
 		}
 	}
 	return nil
+}
+
+// deviceOrder appends to buf the positions of n's devices most used first, ties by index: the
+// order of a ResourceSlice under DeviceOrderUsed.
+func (n *draNode) deviceOrder(buf []int) []int {
+	for i := range n.gpus {
+		buf = append(buf, i)
+	}
+	used := func(g *draGPU) float64 {
+		return max(1-float64(g.memFreeMiB)/float64(g.memoryMiB), 1-float64(g.coresFree)/100)
+	}
+	slices.SortStableFunc(buf, func(a, b int) int { return cmp.Compare(used(&n.gpus[b]), used(&n.gpus[a])) })
+	return buf
 }
 
 // score is NodeResourcesFit's LeastAllocated plus NodeResourcesBalancedAllocation for t on n,
@@ -117,7 +141,7 @@ func replayDRA(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	for _, t := range order {
 		res.Arrived++
 		arrived += t.DemandMilli()
-		if placeDRA(cluster, t.Task, rng) {
+		if placeDRA(cluster, t.Task, cfg.DeviceOrder, rng) {
 			res.Placed++
 			res.AllocatedMilli += t.DemandMilli()
 		} else {
@@ -132,7 +156,7 @@ func replayDRA(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 }
 
 // placeDRA puts t on the best-scoring node where it fits, first-fit devices there.
-func placeDRA(cluster []draNode, t Task, rng *rand.Rand) bool {
+func placeDRA(cluster []draNode, t Task, order DeviceOrder, rng *rand.Rand) bool {
 	d := draDemandOf(t)
 	best, ties := -1, 0
 	var bestScore float64
@@ -144,7 +168,7 @@ func placeDRA(cluster []draNode, t Task, rng *rand.Rand) bool {
 		}
 		var gpus []int
 		if t.GPUs > 0 {
-			if gpus = n.firstFit(t, d); gpus == nil {
+			if gpus = n.firstFit(t, d, order); gpus == nil {
 				continue
 			}
 		}

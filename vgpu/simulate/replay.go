@@ -74,6 +74,9 @@ type Config struct {
 	// HalfLife is the online workload's half life in tasks; 0 means
 	// DefaultHalfLife, below 0 never forgets.
 	HalfLife float64
+	// DeviceOrder is the device order of DRA-mode nodes (PolicyDRA,
+	// PolicyDRAGpuslice); "" means DeviceOrderIndex.
+	DeviceOrder DeviceOrder
 }
 
 // DefaultHalfLife is the half life, in tasks, of the workload
@@ -182,6 +185,9 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyBinpack, GPUPolicy: vgpu.PolicyBinpack}
 	case PolicyFGD:
 		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation}
+	case PolicyDRAGpuslice:
+		opts = vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: draGPUPolicy(cfg.DeviceOrder)}
+		cfg.SplitCount = vgpu.DRASplitCount
 	default:
 		if _, err := vgpu.ParsePolicy(string(cfg.Policy)); err != nil {
 			return Result{}, fmt.Errorf("policy: %w", err)
@@ -200,7 +206,7 @@ func Replay(nodes []Node, tasks []Task, cfg Config) (Result, error) {
 	for i, t := range tasks {
 		all[i] = newTask(t)
 	}
-	online := cfg.Workload == nil && cfg.Policy == PolicyFragmentation
+	online := cfg.Workload == nil && cfg.Policy.scoresByFragmentation()
 	switch {
 	case cfg.Policy == PolicyFGD:
 		opts.Workload = fgdWorkload(all)
@@ -366,7 +372,7 @@ func place(cluster []simNode, t task, opts vgpu.FitOptions, policy Policy, cpuPe
 		switch {
 		case policy == PolicyRandom:
 			better = rng.IntN(seen) == 0
-		case t.GPUs == 0 && policy != PolicyFragmentation:
+		case t.GPUs == 0 && !policy.scoresByFragmentation():
 			// Tasks without GPUs go where CPU is most in surplus: free CPU
 			// after the task, less what the node's free GPU capacity would
 			// need at the trace's CPU per GPU. PolicyFragmentation's Score

@@ -132,6 +132,10 @@ dra:
   {{- with .Values.dra.webhook.namespaces }}
   namespaces: {{ toJson . }}
   {{- end }}
+  {{- if .Values.scheduler.enabled }}
+  # Converted pods go to the gpuslice profile, whose extender ranks their nodes.
+  score: true
+  {{- end }}
 {{- end }}
 {{- end -}}
 
