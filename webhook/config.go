@@ -81,6 +81,9 @@ func (c Config) Validate() error {
 	if c.DRA.Score && !c.DRA.Enabled {
 		errs = append(errs, vgpu.InvalidField("dra.score", "true", "needs dra.enabled: true"))
 	}
+	if c.DRA.SteerClaims && !c.DRA.Score {
+		errs = append(errs, vgpu.InvalidField("dra.steerClaims", "true", "needs dra.score: true (the profile's extender must score DRA pods)"))
+	}
 	return errors.Join(errs...)
 }
 

@@ -53,6 +53,16 @@ type DRAConfig struct {
 	// docs/dra.md), as it steers device-plugin pods. Off, the scheduler
 	// name is left alone and the stock profile places them.
 	Score bool `json:"score,omitempty"`
+	// SteerClaims, with Score, also steers pods that ask for no hami.io
+	// resource but have resource claims of their own (spec.resourceClaims)
+	// to Config.SchedulerName, so that native claims of gpuslice's
+	// DeviceClasses get the same node scoring. The webhook cannot tell a
+	// claim's DeviceClass without reading its template, so every pod with
+	// a claim goes there; the extender scores pods without a gpuslice
+	// claim neutrally and the profile's own DRA allocator places any
+	// claim, but those pods then wait for the gpuslice profile's
+	// kube-scheduler. Off by default.
+	SteerClaims bool `json:"steerClaims,omitempty"`
 }
 
 // deviceClass returns the class the requests name.

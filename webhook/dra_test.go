@@ -224,6 +224,48 @@ func TestMutateDRAScore(t *testing.T) {
 	}
 }
 
+// TestMutateDRASteerClaims checks that, with dra.steerClaims, a pod with native claims and no
+// hami.io resource is steered to the gpuslice profile unless it names another scheduler, and that
+// without it, or without claims, such a pod is left alone.
+func TestMutateDRASteerClaims(t *testing.T) {
+	native := func(scheduler string, claims bool) *corev1.Pod {
+		pod := vgputest.Pod("native").Namespace("ml").Container("main").Obj()
+		pod.Spec.SchedulerName = scheduler
+		if claims {
+			pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("a100-20g")}}
+			pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+		}
+		return pod
+	}
+	steer := draConfig()
+	steer.DRA.Score, steer.DRA.SteerClaims = true, true
+	for _, tt := range []struct {
+		name      string
+		cfg       webhook.Config
+		pod       *corev1.Pod
+		want      string // "": skipped, unchanged
+		wantPatch bool
+	}{
+		{"no scheduler", steer, native("", true), webhook.DefaultSchedulerName, true},
+		{"the stock scheduler", steer, native(corev1.DefaultSchedulerName, true), webhook.DefaultSchedulerName, true},
+		{"another scheduler", steer, native("team-scheduler", true), "team-scheduler", false},
+		{"no claims", steer, native("", false), "", false},
+		{"steering off", draConfig(), native("", true), "", false},
+	} {
+		res, err := webhook.Mutate(tt.pod, tt.cfg)
+		if err != nil || !res.Allowed || res.Template != nil {
+			t.Fatalf("%s: Mutate: %+v, %v; want allowed, no template", tt.name, res, err)
+		}
+		if got := len(res.Patch) > 0; got != tt.wantPatch || res.Skipped == tt.wantPatch {
+			t.Fatalf("%s: patch %+v, skipped %t; want a patch: %t", tt.name, res.Patch, res.Skipped, tt.wantPatch)
+		}
+		patched := applyWithAPIServerPatcher(t, tt.pod, res.Patch)
+		if patched.Spec.SchedulerName != tt.want {
+			t.Errorf("%s: schedulerName %q, want %q", tt.name, patched.Spec.SchedulerName, tt.want)
+		}
+	}
+}
+
 func TestDRAConfigValidate(t *testing.T) {
 	tests := []struct {
 		dra  webhook.DRAConfig
@@ -235,6 +277,7 @@ func TestDRAConfigValidate(t *testing.T) {
 		{webhook.DRAConfig{Enabled: true, Namespaces: []string{"ML"}}, `dra.namespaces="ML": each entry must be a namespace name`},
 		{webhook.DRAConfig{Enabled: true, DeviceClassName: "Bad Class"}, `dra.deviceClassName="Bad Class": must be a DeviceClass name`},
 		{webhook.DRAConfig{Score: true}, `dra.score="true": needs dra.enabled: true`},
+		{webhook.DRAConfig{Enabled: true, SteerClaims: true}, `dra.steerClaims="true": needs dra.score: true`},
 	}
 	for _, tt := range tests {
 		cfg := webhook.DefaultConfig()

@@ -52,3 +52,19 @@ object.spec.containers.exists(c, has(c.resources) && (
 func HAMiCompatMatchConditions() []admissionregistrationv1.MatchCondition {
 	return []admissionregistrationv1.MatchCondition{{Name: MatchConditionName, Expression: HAMiCompatMatchExpression}}
 }
+
+// ClaimsMatchClause is what Config.DRA.SteerClaims adds to the match
+// condition, or-ed after it: pods with resource claims of their own, which
+// the webhook then steers to the gpuslice profile. The chart writes it when
+// dra.webhook.steerClaims is on (checked by test/chart).
+const ClaimsMatchClause = `(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)`
+
+// WithClaims returns conds with ClaimsMatchClause or-ed into each
+// expression, for Config.DRA.SteerClaims. conds is not modified.
+func WithClaims(conds []admissionregistrationv1.MatchCondition) []admissionregistrationv1.MatchCondition {
+	out := make([]admissionregistrationv1.MatchCondition, len(conds))
+	for i, c := range conds {
+		out[i] = admissionregistrationv1.MatchCondition{Name: c.Name, Expression: c.Expression + " ||\n" + ClaimsMatchClause}
+	}
+	return out
+}

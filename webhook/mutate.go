@@ -77,6 +77,9 @@ type Result struct {
 //     claims), else it leaves it alone.
 //     hami.io/gpumem-percentage other than 100, the enforcement
 //     annotation and a pod claim already named DRAClaimName are denied;
+//   - a pod that asks for no hami.io resource but has resource claims
+//     (spec.resourceClaims) is, with cfg.DRA.SteerClaims, allowed with a
+//     patch that sets spec.schedulerName as below; without, it is skipped;
 //   - else it is allowed with a patch that sets spec.schedulerName to
 //     cfg.SchedulerName when it is empty or corev1.DefaultSchedulerName, adds
 //     vgpu.ResourceGPU "1" to limits (and to requests, when they hold a
@@ -116,6 +119,11 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 	if !vgpu.AsksForGPU(pod) {
 		if len(problems) > 0 {
 			return deny(problems)
+		}
+		if cfg.DRA.SteerClaims && len(pod.Spec.ResourceClaims) > 0 {
+			if ops := schedulerName(pod.DeepCopy(), cfg); len(ops) > 0 {
+				return Result{Patch: ops, Allowed: true}
+			}
 		}
 		return Result{Allowed: true, Skipped: true}
 	}

@@ -276,6 +276,22 @@ func webhookDRA(t *testing.T, r rendered) bool {
 	return false
 }
 
+// webhookSteerClaims reports whether the rendered webhook configuration steers pods with claims
+// of their own to the gpuslice profile.
+func webhookSteerClaims(t *testing.T, r rendered) bool {
+	t.Helper()
+	for _, cm := range all[*corev1.ConfigMap](r) {
+		if data, ok := cm.Data["webhook.yaml"]; ok {
+			var cfg webhook.ServerConfig
+			if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+				t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
+			}
+			return cfg.DRA.SteerClaims
+		}
+	}
+	return false
+}
+
 // checkWebhookConfigurations checks every mutating webhook: it never sees kube-system or the
 // release namespace, is sent only the pods webhook.MatchConditions selects (with
 // webhook.hamiCompat, webhook.HAMiCompatMatchConditions), calls a rendered Service on a port it exposes, has no side effects (none on a dry run with
@@ -295,6 +311,9 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 			want, wantName := webhook.MatchConditions(), "webhook.MatchConditions"
 			if webhookHAMiCompat(t, r) {
 				want, wantName = webhook.HAMiCompatMatchConditions(), "webhook.HAMiCompatMatchConditions (webhook.hamiCompat)"
+			}
+			if webhookSteerClaims(t, r) {
+				want, wantName = webhook.WithClaims(want), "webhook.WithClaims("+wantName+") (dra.webhook.steerClaims)"
 			}
 			if diff := cmp.Diff(want, wh.MatchConditions); diff != "" {
 				t.Errorf("%s: matchConditions differ from %s (-want +got):\n%s", ref, wantName, diff)

@@ -372,6 +372,14 @@ func testMatchConditions(t *testing.T, e *env) {
 			t.Errorf("%s: sent to the webhook = %v, want %v", tc.name, sent, tc.sent)
 		}
 	}
+	// The match condition with dra.webhook.steerClaims's clause compiles in the API server (a dry
+	// run: it validates the CEL expressions and stores nothing).
+	withClaims := webhookConfiguration(e.addr, e.ca.CertPEM)
+	withClaims.Name += "-claims"
+	withClaims.Webhooks[0].MatchConditions = webhook.WithClaims(webhook.MatchConditions())
+	if _, err := e.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(callCtx(t), withClaims, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("the match condition with webhook.ClaimsMatchClause: %v", err)
+	}
 }
 
 // testRotation keeps the API server calling the webhook (dry-run pod

@@ -135,8 +135,17 @@ dra:
   {{- if .Values.scheduler.enabled }}
   # Converted pods go to the gpuslice profile, whose extender ranks their nodes.
   score: true
+  {{- if .Values.dra.webhook.steerClaims }}
+  # So do pods with claims of their own (dra.webhook.steerClaims).
+  steerClaims: true
+  {{- end }}
   {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* "true" when the webhook steers pods with claims of their own to the gpuslice profile, else empty. */}}
+{{- define "gpuslice.webhookSteerClaims" -}}
+{{- if and (include "gpuslice.webhookDRA" .) .Values.scheduler.enabled .Values.dra.webhook.steerClaims }}true{{ end -}}
 {{- end -}}
 
 {{/* "true" when the webhook turns hami.io pods bound for the DRA pool into claims, else empty. */}}
