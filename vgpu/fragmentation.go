@@ -21,12 +21,10 @@ type Workload struct {
 	shapes  []WorkloadClass
 	shapeOf []int
 	total   float64
-	// gpuWeight is the weight of the classes with GPUs and gpuCPU the sum
-	// of their weights times their CPU per GPU of demand, so the
-	// workload's CPU per GPU is gpuCPU/gpuWeight. cpuOnly and cpuOnlyCPU
-	// are the weight of the classes without GPUs and the sum of their
-	// weights times their CPU.
-	gpuWeight, gpuCPU, cpuOnly, cpuOnlyCPU float64
+	// gpuDemand and gpuCPU are the sums, over the classes with GPUs, of
+	// their weights times their GPU demand (demandGPUs) and times their
+	// CPU, so the workload's CPU per GPU of demand is gpuCPU/gpuDemand.
+	gpuDemand, gpuCPU float64
 	// supply is the cluster's GPUs by model (SetSupply) and scale, per
 	// shape, the cluster's GPUs over those the shape's model filter
 	// admits (1 without supply; 0 when it admits none).
@@ -45,8 +43,9 @@ type Workload struct {
 // filter and host requests of pods that ask for it, and how common it is.
 type WorkloadClass struct {
 	// GPUs is how many GPUs the container needs, each with this slice. 0
-	// is a pod without GPUs: it uses no GPU capacity, but a node whose host
-	// it no longer fits on has all its free GPU capacity fragmented for it.
+	// is a pod without GPUs, as the paper counts them: it uses no GPU
+	// capacity, but a node whose host it no longer fits on has all its
+	// free GPU capacity fragmented for it. Add makes no such class.
 	GPUs int
 	// MemoryMiB or MemoryPercent (of SchedulableMemoryMiB) is the slice's
 	// memory; exactly one is above 0.
@@ -60,11 +59,8 @@ type WorkloadClass struct {
 	Models, ExcludeModels []string
 	// Host is the CPU and memory such pods request; zero fits any host.
 	Host HostResources
-	// Weight is how common the class is, relative to the others; above 0.
-	// For classes with GPUs 0 it counts pods: Fragmentation weighs each
-	// such pod as the GPU capacity the average one's CPU would feed (their
-	// mean CPU over the CPU per GPU of demand of the classes with GPUs),
-	// or as 1 when either requests no CPU.
+	// Weight is how common the class is, relative to the others, in pods
+	// (Add adds 1 per pod); above 0.
 	Weight float64
 }
 
@@ -98,10 +94,10 @@ func DefaultWorkload() *Workload {
 }
 
 // SetSupply tells w how many healthy GPUs of each model the cluster has.
-// Each class then weighs its demand per GPU it can use: its weight is
+// Each class then weighs its pods per GPU it can use: its weight is
 // multiplied by the cluster's GPUs over the GPUs its model filter admits,
 // so the free capacity of a model that few GPUs have and many pods are
-// pinned to counts for as much as that demand presses on it, and pods
+// pinned to counts for as much as those pods press on it, and pods
 // that accept any model are steered away from it. Without a supply (nil
 // or empty), every class weighs as if it accepted every GPU. The map is
 // copied; call it again when the cluster's GPUs change.
@@ -165,13 +161,17 @@ func (w *Workload) Classes() []WorkloadClass {
 }
 
 // CPUPerGPU is the CPU, in thousandths of a core, that w's pods with GPUs
-// request per GPU of demand (see Add): their CPU over their GPU demand,
-// weights as in w. 0 when w has no such pods or they request no CPU.
+// request per GPU of demand: their CPU over their GPU demand, each class
+// counted as often as its weight. A container's GPU demand is its GPUs
+// times the share of each GPU: 1 for whole GPUs, else the larger of
+// MemoryPercent and CoresPercent over 100, and 0.1 for a request in MiB
+// without cores (its share of a GPU is unknown until it is placed). 0
+// when w has no such pods or they request no CPU.
 func (w *Workload) CPUPerGPU() float64 {
-	if w == nil || w.gpuWeight <= 0 {
+	if w == nil || w.gpuDemand <= 0 {
 		return 0
 	}
-	return w.gpuCPU / w.gpuWeight
+	return w.gpuCPU / w.gpuDemand
 }
 
 // Len returns how many classes w has.
@@ -211,38 +211,29 @@ func (w *Workload) Snapshot(maxClasses int) *Workload {
 }
 
 // Add counts one pod: each of its containers that runs with the app
-// containers (sidecars included) adds its GPU demand to the weight of the
-// class of its shape, with the pod's model filter and host requests. The
-// GPU demand is GPUs times the share of each GPU: 1 for whole GPUs, else
-// the larger of MemoryPercent and CoresPercent over 100, and 0.1 for a
-// request in MiB without cores (its share of a GPU is unknown until it is
-// placed). Weighting by demand rather than by count makes the measure the
-// fragmented capacity that a unit of arriving GPU demand meets; on the
-// Alibaba trace it packs better than counting pods (docs/scheduling.md).
-// Regular init containers are not counted: they do not stay. A pod without
-// GPU containers adds weight 1 to a class with GPUs 0 and its host
-// requests: taking a node's CPU can strand the GPUs that CPU would feed
-// (see WorkloadClass.Weight for how much they weigh).
+// containers (sidecars included) adds 1 to the weight of the class of its
+// shape, with the pod's model filter and host requests, so that the
+// measure is the fragmented capacity that the next pod to arrive meets,
+// as in the paper. Regular init containers are not counted: they do not
+// stay. A pod without GPU containers adds no class: it uses no GPU
+// capacity, and what its CPU takes from the pods that do is counted by
+// their host bound (see Fragmentation). It still counts towards the half
+// life, which is in pods seen.
 func (w *Workload) Add(pod PodDemand) {
 	if w.halfLife > 0 {
 		w.age()
 	}
 	c := pod.Constraints
-	gpuContainers := 0
 	for _, cr := range pod.Request.Containers {
 		if cr.Init && !cr.Sidecar {
 			continue
 		}
-		gpuContainers++
 		w.AddClass(WorkloadClass{
 			GPUs: cr.GPUs, MemoryMiB: cr.MemoryMiB, MemoryPercent: cr.MemoryPercent,
 			CoresPercent: cr.CoresPercent, Exclusive: cr.Exclusive,
 			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host,
-			Weight: w.boosted(demandGPUs(cr.GPUs, cr.Exclusive, cr.MemoryPercent, cr.CoresPercent)),
+			Weight: w.boosted(1),
 		})
-	}
-	if gpuContainers == 0 {
-		w.AddClass(WorkloadClass{Host: pod.Host, Weight: w.boosted(1)})
 	}
 }
 
@@ -263,10 +254,8 @@ func (w *Workload) age() {
 		w.classes[i].Weight *= f
 	}
 	w.total *= f
-	w.gpuWeight *= f
+	w.gpuDemand *= f
 	w.gpuCPU *= f
-	w.cpuOnly *= f
-	w.cpuOnlyCPU *= f
 }
 
 // boosted is weight times the boost of new weights.
@@ -277,7 +266,8 @@ func (w *Workload) boosted(weight float64) float64 {
 	return weight * w.boost
 }
 
-// demandGPUs is the GPU capacity a container asks for, in GPUs (see Add).
+// demandGPUs is the GPU capacity a container asks for, in GPUs (see
+// CPUPerGPU).
 func demandGPUs(gpus int, exclusive bool, memoryPercent, coresPercent int) float64 {
 	if exclusive {
 		return float64(gpus)
@@ -295,12 +285,9 @@ func (w *Workload) AddClass(c WorkloadClass) {
 		return
 	}
 	w.total += c.Weight
-	if c.GPUs == 0 {
-		w.cpuOnly += c.Weight
-		w.cpuOnlyCPU += c.Weight * float64(c.Host.CPUMilli)
-	} else {
-		w.gpuWeight += c.Weight
-		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli) / demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+	if c.GPUs > 0 {
+		w.gpuDemand += c.Weight * demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli)
 	}
 	for i := range w.classes {
 		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
@@ -414,27 +401,17 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 	if w.total <= 0 {
 		return
 	}
-	// Pods without GPUs weigh the GPUs their mean CPU feeds.
-	cpuOnlyWeight := 1.0
-	if w.cpuOnly > 0 && w.cpuOnlyCPU > 0 && w.gpuCPU > 0 {
-		cpuOnlyWeight = (w.cpuOnlyCPU / w.cpuOnly) / (w.gpuCPU / w.gpuWeight)
-	}
-	total := cpuOnlyWeight * w.cpuOnly
+	var total float64
 	for ci := range w.classes {
-		if c := &w.classes[ci]; c.GPUs > 0 {
-			total += c.Weight * w.scale[w.shapeOf[ci]]
-		}
+		total += w.classes[ci].Weight * w.scale[w.shapeOf[ci]]
 	}
 	if total <= 0 {
 		return
 	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
-		share := c.Weight * w.scale[w.shapeOf[ci]] / total
-		if c.GPUs == 0 {
-			share = c.Weight * cpuOnlyWeight / total
-		}
 		si := w.shapeOf[ci]
+		share := c.Weight * w.scale[si] / total
 		if hostFree == nil {
 			if before != nil {
 				before.full[si] += share
