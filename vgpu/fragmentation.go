@@ -21,10 +21,11 @@ type Workload struct {
 	shapes  []WorkloadClass
 	shapeOf []int
 	total   float64
-	// gpuDemand and gpuCPU are the sums, over the classes with GPUs, of
-	// their weights times their GPU demand (demandGPUs) and times their
-	// CPU, so the workload's CPU per GPU of demand is gpuCPU/gpuDemand.
-	gpuDemand, gpuCPU float64
+	// gpuDemand, gpuCPU and gpuMemory are the sums, over the classes with
+	// GPUs, of their weights times their GPU demand (demandGPUs), their
+	// CPU and their host memory, so the workload's CPU per GPU of demand
+	// is gpuCPU/gpuDemand.
+	gpuDemand, gpuCPU, gpuMemory float64
 	// supply is the cluster's GPUs by model (SetSupply) and scale, per
 	// shape, the cluster's GPUs over those the shape's model filter
 	// admits (1 without supply; 0 when it admits none).
@@ -174,6 +175,14 @@ func (w *Workload) CPUPerGPU() float64 {
 	return w.gpuCPU / w.gpuDemand
 }
 
+// memoryPerGPU is CPUPerGPU for host memory, in MiB.
+func (w *Workload) memoryPerGPU() float64 {
+	if w.gpuDemand <= 0 {
+		return 0
+	}
+	return w.gpuMemory / w.gpuDemand
+}
+
 // Len returns how many classes w has.
 func (w *Workload) Len() int {
 	if w == nil {
@@ -256,6 +265,7 @@ func (w *Workload) age() {
 	w.total *= f
 	w.gpuDemand *= f
 	w.gpuCPU *= f
+	w.gpuMemory *= f
 }
 
 // boosted is weight times the boost of new weights.
@@ -288,6 +298,7 @@ func (w *Workload) AddClass(c WorkloadClass) {
 	if c.GPUs > 0 {
 		w.gpuDemand += c.Weight * demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
 		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli)
+		w.gpuMemory += c.Weight * float64(c.Host.MemoryMiB)
 	}
 	for i := range w.classes {
 		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
@@ -320,8 +331,8 @@ func sameShape(a, b WorkloadClass) bool {
 // is fragmented when the class cannot take a slice of it (model, slices,
 // memory or cores), when fewer of the node's GPUs than the class needs
 // can, or when the node's HostFree (if known) lacks the class's Host CPU
-// or memory; of n GPUs it could use, a host whose CPU feeds only b < n of
-// them (Workload.gpuBound) leaves 1 − b/n of their free capacity
+// or memory; of n GPUs it could use, a host whose CPU and memory feed
+// only b < n of them (Workload.gpuBound) leaves 1 − b/n of their free capacity
 // fragmented for it. The class's fragments are weighted by its share of
 // w. This is the idea of Weng et al., "Beware of Fragmentation" (USENIX
 // ATC '23), applied to memory, compute, slices and the host. Pure; w is
@@ -429,13 +440,14 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 
 // gpuBound is how many of a node's GPUs class c can use when its host
 // has free: none when one of its pods does not fit, else as many as free's
-// CPU feeds, counting each pod at its own CPU request or at the
-// workload's CPU per GPU of demand (CPUPerGPU), whichever lets more in
-// (+Inf when neither bounds it, for pods without GPUs, and under
-// SetHostFitOnly). Its own
-// request alone would send pods that ask for a little more CPU than most
-// to the few nodes richest in CPU, which the largest pods need; the
-// workload's alone would bound light pods by CPU they do not ask for.
+// CPU and memory feed, counting each pod at its own requests or at the
+// workload's CPU and memory per GPU of demand (CPUPerGPU, memoryPerGPU),
+// whichever lets more in (+Inf when neither bounds it, for pods without
+// GPUs, and under SetHostFitOnly). Its own requests alone would send pods
+// that ask for a little more CPU than most to the few nodes richest in
+// CPU, which the largest pods need; the workload's alone would bound light
+// pods by CPU they do not ask for. Either way a host feeds no more GPUs
+// than the scarcer of its CPU and memory holds.
 func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
 	pods := podsRoom(c.Host, free)
 	if pods <= 0 {
@@ -445,9 +457,16 @@ func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
 		return math.Inf(1)
 	}
 	bound := float64(pods) * float64(c.GPUs)
+	// GPUs of demand the host feeds at the workload's averages.
+	feeds := math.Inf(1)
 	if cpg := w.CPUPerGPU(); cpg > 0 {
-		demand := demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
-		bound = max(bound, float64(free.CPUMilli)/(cpg*demand)*float64(c.GPUs))
+		feeds = float64(free.CPUMilli) / cpg
+	}
+	if mpg := w.memoryPerGPU(); mpg > 0 {
+		feeds = min(feeds, float64(free.MemoryMiB)/mpg)
+	}
+	if !math.IsInf(feeds, 1) {
+		bound = max(bound, feeds/demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)*float64(c.GPUs))
 	}
 	return bound
 }

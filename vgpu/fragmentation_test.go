@@ -69,6 +69,16 @@ func TestFragmentation(t *testing.T) {
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 6000}}, bounded); math.Abs(got-0.5*0.5) > 1e-9 {
 		t.Errorf("Fragmentation() with CPU for 1.5 GPUs = %v, want %v", got, 0.5*0.5)
 	}
+	// Memory bounds as CPU does: the workload asks 8 GiB per GPU, so 12
+	// GiB free feeds 1.5 GPUs however much CPU is free; the heavy class
+	// fits one pod of its own and can use 1.5 of the 2 free GPUs.
+	memoryBound := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 2000, MemoryMiB: 4096}, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 6000, MemoryMiB: 12288}, Weight: 1},
+	)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 16000, MemoryMiB: 12288}}, memoryBound); math.Abs(got-0.5*0.5) > 1e-9 {
+		t.Errorf("Fragmentation() with memory for 1.5 GPUs = %v, want %v", got, 0.5*0.5)
+	}
 	// The paper's rule: one pod fits, so every free GPU is usable; a
 	// snapshot keeps the rule.
 	bounded.SetHostFitOnly(true)
