@@ -419,6 +419,15 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 	if total <= 0 {
 		return
 	}
+	// What the host holds before and after the pod, and the GPUs of
+	// demand that feeds at the workload's averages: the same for every
+	// class.
+	var room HostResources
+	var feedsBefore, feedsAfter float64
+	if hostFree != nil {
+		room = HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
+		feedsBefore, feedsAfter = w.hostFeeds(*hostFree), w.hostFeeds(room)
+	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
 		si := w.shapeOf[ci]
@@ -431,24 +440,37 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 			continue
 		}
 		if before != nil {
-			before.add(c, si, share, w.gpuBound(c, *hostFree), gpus, len(w.shapes))
+			before.add(c, si, share, w.gpuBound(c, *hostFree, feedsBefore), gpus, len(w.shapes))
 		}
-		room := HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
-		after.add(c, si, share, w.gpuBound(c, room), gpus, len(w.shapes))
+		after.add(c, si, share, w.gpuBound(c, room, feedsAfter), gpus, len(w.shapes))
 	}
 }
 
+// hostFeeds is how many GPUs of demand a host with free feeds at w's CPU
+// and memory per GPU of demand (CPUPerGPU, memoryPerGPU): the scarcer of
+// the two; +Inf when w's pods request neither.
+func (w *Workload) hostFeeds(free HostResources) float64 {
+	feeds := math.Inf(1)
+	if cpg := w.CPUPerGPU(); cpg > 0 {
+		feeds = float64(free.CPUMilli) / cpg
+	}
+	if mpg := w.memoryPerGPU(); mpg > 0 {
+		feeds = min(feeds, float64(free.MemoryMiB)/mpg)
+	}
+	return feeds
+}
+
 // gpuBound is how many of a node's GPUs class c can use when its host
-// has free: none when one of its pods does not fit, else as many as free's
-// CPU and memory feed, counting each pod at its own requests or at the
-// workload's CPU and memory per GPU of demand (CPUPerGPU, memoryPerGPU),
+// has free, which feeds feeds GPUs of demand (hostFeeds): none when one of
+// its pods does not fit, else as many as free's CPU and memory feed,
+// counting each pod at its own requests or at the workload's averages,
 // whichever lets more in (+Inf when neither bounds it, for pods without
 // GPUs, and under SetHostFitOnly). Its own requests alone would send pods
 // that ask for a little more CPU than most to the few nodes richest in
 // CPU, which the largest pods need; the workload's alone would bound light
 // pods by CPU they do not ask for. Either way a host feeds no more GPUs
 // than the scarcer of its CPU and memory holds.
-func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
+func (w *Workload) gpuBound(c *WorkloadClass, free HostResources, feeds float64) float64 {
 	pods := podsRoom(c.Host, free)
 	if pods <= 0 {
 		return 0
@@ -457,14 +479,6 @@ func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
 		return math.Inf(1)
 	}
 	bound := float64(pods) * float64(c.GPUs)
-	// GPUs of demand the host feeds at the workload's averages.
-	feeds := math.Inf(1)
-	if cpg := w.CPUPerGPU(); cpg > 0 {
-		feeds = float64(free.CPUMilli) / cpg
-	}
-	if mpg := w.memoryPerGPU(); mpg > 0 {
-		feeds = min(feeds, float64(free.MemoryMiB)/mpg)
-	}
 	if !math.IsInf(feeds, 1) {
 		bound = max(bound, feeds/demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)*float64(c.GPUs))
 	}
