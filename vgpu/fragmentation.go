@@ -461,11 +461,11 @@ func (w *Workload) hostFeeds(free HostResources) float64 {
 }
 
 // gpuBound is how many of a node's GPUs class c can use when its host
-// has free, which feeds feeds GPUs of demand (hostFeeds): none when one of
-// its pods does not fit, else as many as free's CPU and memory feed,
-// counting each pod at its own requests or at the workload's averages,
-// whichever lets more in (+Inf when neither bounds it, for pods without
-// GPUs, and under SetHostFitOnly). Its own requests alone would send pods
+// has free, and feeds is hostFeeds(free): none when one of its pods does
+// not fit, else as many as free's CPU and memory feed, counting each pod
+// at its own requests or at the workload's averages, whichever lets more
+// in (+Inf when neither bounds it, for pods without GPUs, and under
+// SetHostFitOnly). Its own requests alone would send pods
 // that ask for a little more CPU than most to the few nodes richest in
 // CPU, which the largest pods need; the workload's alone would bound light
 // pods by CPU they do not ask for. Either way a host feeds no more GPUs
