@@ -46,7 +46,14 @@ func BenchmarkFit(b *testing.B) {
 		}
 		return free
 	}
-	run := func(b *testing.B, opts vgpu.FitOptions) {
+	// hosts, when set, are the nodes' free CPU and memory, and the pod
+	// asks for 4 CPUs and 16 GiB of them; summaries, when set, are the
+	// nodes' NodeSummary, whose Fit is called instead of vgpu.Fit.
+	run := func(b *testing.B, opts vgpu.FitOptions, hosts []vgpu.HostResources, summaries []*vgpu.NodeSummary) {
+		pod := vgpu.PodDemand{Request: req}
+		if hosts != nil {
+			pod.Host = vgpu.HostResources{CPUMilli: 4000, MemoryMiB: 16384}
+		}
 		start := time.Now()
 		rounds := 0
 		for ; time.Since(start) < 50*time.Millisecond; rounds++ {
@@ -56,7 +63,17 @@ func BenchmarkFit(b *testing.B) {
 		b.ResetTimer()
 		for b.Loop() {
 			for i := range invs {
-				p, err := vgpu.Fit(vgpu.PodDemand{Request: req}, vgpu.NodeState{Inventory: invs[i], Usage: usages[i]}, opts)
+				var p vgpu.Placement
+				var err error
+				if summaries != nil {
+					p, err = summaries[i].Fit(pod, opts)
+				} else {
+					node := vgpu.NodeState{Inventory: invs[i], Usage: usages[i]}
+					if hosts != nil {
+						node.HostFree = &hosts[i]
+					}
+					p, err = vgpu.Fit(pod, node, opts)
+				}
 				if err == nil && !opts.Unscored {
 					vgpu.Score(p)
 				}
@@ -68,15 +85,44 @@ func BenchmarkFit(b *testing.B) {
 	}
 	for _, policy := range vgpu.Policies() {
 		opts := vgpu.FitOptions{NodePolicy: policy, GPUPolicy: policy, Workload: vgpu.DefaultWorkload()}
-		b.Run(string(policy), func(b *testing.B) { run(b, opts) })
+		b.Run(string(policy), func(b *testing.B) { run(b, opts, nil, nil) })
 		// A filter's or a bind's call: the fit only (FitOptions.Unscored).
 		opts.Unscored = true
-		b.Run(string(policy)+"-unscored", func(b *testing.B) { run(b, opts) })
+		b.Run(string(policy)+"-unscored", func(b *testing.B) { run(b, opts, nil, nil) })
 	}
 	// The fragmentation policy against a workload a third of whose demand
 	// is pinned to GPU models, weighed by the cluster's supply.
 	opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation, Workload: pinnedWorkload()}
-	b.Run("fragmentation-pinned", func(b *testing.B) { run(b, opts) })
+	b.Run("fragmentation-pinned", func(b *testing.B) { run(b, opts, nil, nil) })
+	// The fragmentation policy on nodes whose free CPU and memory are
+	// known, against a workload whose pods ask for both: the host bound.
+	// A node has 8 to 96 CPUs free, so the bound caps some classes.
+	hosts := make([]vgpu.HostResources, nodes)
+	for i := range hosts {
+		hosts[i] = vgpu.HostResources{CPUMilli: int64(8000 * (1 + i%12)), MemoryMiB: int64(32768 * (1 + i%16))}
+	}
+	opts.Workload = hostWorkload()
+	b.Run("fragmentation-host", func(b *testing.B) { run(b, opts, hosts, nil) })
+	// The same from each node's NodeSummary, as the extender scores.
+	summaries := make([]*vgpu.NodeSummary, nodes)
+	for i := range summaries {
+		summaries[i] = vgpu.Summarize(vgpu.NodeState{Inventory: invs[i], Usage: usages[i], HostFree: &hosts[i]}, opts.Workload)
+	}
+	b.Run("fragmentation-host-summary", func(b *testing.B) { run(b, opts, hosts, summaries) })
+}
+
+// hostWorkload is DefaultWorkload's classes with host requests: 8 CPUs
+// and 32 GiB per whole GPU, 4 CPUs and 16 GiB per shared slice.
+func hostWorkload() *vgpu.Workload {
+	w := &vgpu.Workload{}
+	for _, c := range vgpu.DefaultWorkload().Classes() {
+		c.Host = vgpu.HostResources{CPUMilli: 4000, MemoryMiB: 16384}
+		if c.Exclusive {
+			c.Host = vgpu.HostResources{CPUMilli: 8000 * int64(c.GPUs), MemoryMiB: 32768 * int64(c.GPUs)}
+		}
+		w.AddClass(c)
+	}
+	return w
 }
 
 // pinnedWorkload is DefaultWorkload plus classes pinned to one of three

@@ -21,12 +21,11 @@ type Workload struct {
 	shapes  []WorkloadClass
 	shapeOf []int
 	total   float64
-	// gpuWeight is the weight of the classes with GPUs and gpuCPU the sum
-	// of their weights times their CPU per GPU of demand, so the
-	// workload's CPU per GPU is gpuCPU/gpuWeight. cpuOnly and cpuOnlyCPU
-	// are the weight of the classes without GPUs and the sum of their
-	// weights times their CPU.
-	gpuWeight, gpuCPU, cpuOnly, cpuOnlyCPU float64
+	// gpuDemand, gpuCPU and gpuMemory are the sums, over the classes with
+	// GPUs, of their weights times their GPU demand (demandGPUs), their
+	// CPU and their host memory, so the workload's CPU per GPU of demand
+	// is gpuCPU/gpuDemand.
+	gpuDemand, gpuCPU, gpuMemory float64
 	// supply is the cluster's GPUs by model (SetSupply) and scale, per
 	// shape, the cluster's GPUs over those the shape's model filter
 	// admits (1 without supply; 0 when it admits none).
@@ -45,8 +44,9 @@ type Workload struct {
 // filter and host requests of pods that ask for it, and how common it is.
 type WorkloadClass struct {
 	// GPUs is how many GPUs the container needs, each with this slice. 0
-	// is a pod without GPUs: it uses no GPU capacity, but a node whose host
-	// it no longer fits on has all its free GPU capacity fragmented for it.
+	// is a pod without GPUs, as the paper counts them: it uses no GPU
+	// capacity, but a node whose host it no longer fits on has all its
+	// free GPU capacity fragmented for it. Add makes no such class.
 	GPUs int
 	// MemoryMiB or MemoryPercent (of SchedulableMemoryMiB) is the slice's
 	// memory; exactly one is above 0.
@@ -60,11 +60,8 @@ type WorkloadClass struct {
 	Models, ExcludeModels []string
 	// Host is the CPU and memory such pods request; zero fits any host.
 	Host HostResources
-	// Weight is how common the class is, relative to the others; above 0.
-	// For classes with GPUs 0 it counts pods: Fragmentation weighs each
-	// such pod as the GPU capacity the average one's CPU would feed (their
-	// mean CPU over the CPU per GPU of demand of the classes with GPUs),
-	// or as 1 when either requests no CPU.
+	// Weight is how common the class is, relative to the others, in pods
+	// (Add adds 1 per pod); above 0.
 	Weight float64
 }
 
@@ -98,10 +95,10 @@ func DefaultWorkload() *Workload {
 }
 
 // SetSupply tells w how many healthy GPUs of each model the cluster has.
-// Each class then weighs its demand per GPU it can use: its weight is
+// Each class then weighs its pods per GPU it can use: its weight is
 // multiplied by the cluster's GPUs over the GPUs its model filter admits,
 // so the free capacity of a model that few GPUs have and many pods are
-// pinned to counts for as much as that demand presses on it, and pods
+// pinned to counts for as much as those pods press on it, and pods
 // that accept any model are steered away from it. Without a supply (nil
 // or empty), every class weighs as if it accepted every GPU. The map is
 // copied; call it again when the cluster's GPUs change.
@@ -165,13 +162,25 @@ func (w *Workload) Classes() []WorkloadClass {
 }
 
 // CPUPerGPU is the CPU, in thousandths of a core, that w's pods with GPUs
-// request per GPU of demand (see Add): their CPU over their GPU demand,
-// weights as in w. 0 when w has no such pods or they request no CPU.
+// request per GPU of demand: their CPU over their GPU demand, each class
+// counted as often as its weight. A container's GPU demand is its GPUs
+// times the share of each GPU: 1 for whole GPUs, else the larger of
+// MemoryPercent and CoresPercent over 100, and 0.1 for a request in MiB
+// without cores (its share of a GPU is unknown until it is placed). 0
+// when w has no such pods or they request no CPU.
 func (w *Workload) CPUPerGPU() float64 {
-	if w == nil || w.gpuWeight <= 0 {
+	if w == nil || w.gpuDemand <= 0 {
 		return 0
 	}
-	return w.gpuCPU / w.gpuWeight
+	return w.gpuCPU / w.gpuDemand
+}
+
+// memoryPerGPU is CPUPerGPU for host memory, in MiB.
+func (w *Workload) memoryPerGPU() float64 {
+	if w.gpuDemand <= 0 {
+		return 0
+	}
+	return w.gpuMemory / w.gpuDemand
 }
 
 // Len returns how many classes w has.
@@ -211,38 +220,29 @@ func (w *Workload) Snapshot(maxClasses int) *Workload {
 }
 
 // Add counts one pod: each of its containers that runs with the app
-// containers (sidecars included) adds its GPU demand to the weight of the
-// class of its shape, with the pod's model filter and host requests. The
-// GPU demand is GPUs times the share of each GPU: 1 for whole GPUs, else
-// the larger of MemoryPercent and CoresPercent over 100, and 0.1 for a
-// request in MiB without cores (its share of a GPU is unknown until it is
-// placed). Weighting by demand rather than by count makes the measure the
-// fragmented capacity that a unit of arriving GPU demand meets; on the
-// Alibaba trace it packs better than counting pods (docs/scheduling.md).
-// Regular init containers are not counted: they do not stay. A pod without
-// GPU containers adds weight 1 to a class with GPUs 0 and its host
-// requests: taking a node's CPU can strand the GPUs that CPU would feed
-// (see WorkloadClass.Weight for how much they weigh).
+// containers (sidecars included) adds 1 to the weight of the class of its
+// shape, with the pod's model filter and host requests, so that the
+// measure is the fragmented capacity that the next pod to arrive meets,
+// as in the paper. Regular init containers are not counted: they do not
+// stay. A pod without GPU containers adds no class: it uses no GPU
+// capacity, and what its CPU takes from the pods that do is counted by
+// their host bound (see Fragmentation). It still counts towards the half
+// life, which is in pods seen.
 func (w *Workload) Add(pod PodDemand) {
 	if w.halfLife > 0 {
 		w.age()
 	}
 	c := pod.Constraints
-	gpuContainers := 0
 	for _, cr := range pod.Request.Containers {
 		if cr.Init && !cr.Sidecar {
 			continue
 		}
-		gpuContainers++
 		w.AddClass(WorkloadClass{
 			GPUs: cr.GPUs, MemoryMiB: cr.MemoryMiB, MemoryPercent: cr.MemoryPercent,
 			CoresPercent: cr.CoresPercent, Exclusive: cr.Exclusive,
 			Models: c.Models, ExcludeModels: c.ExcludeModels, Host: pod.Host,
-			Weight: w.boosted(demandGPUs(cr.GPUs, cr.Exclusive, cr.MemoryPercent, cr.CoresPercent)),
+			Weight: w.boosted(1),
 		})
-	}
-	if gpuContainers == 0 {
-		w.AddClass(WorkloadClass{Host: pod.Host, Weight: w.boosted(1)})
 	}
 }
 
@@ -263,10 +263,9 @@ func (w *Workload) age() {
 		w.classes[i].Weight *= f
 	}
 	w.total *= f
-	w.gpuWeight *= f
+	w.gpuDemand *= f
 	w.gpuCPU *= f
-	w.cpuOnly *= f
-	w.cpuOnlyCPU *= f
+	w.gpuMemory *= f
 }
 
 // boosted is weight times the boost of new weights.
@@ -277,7 +276,8 @@ func (w *Workload) boosted(weight float64) float64 {
 	return weight * w.boost
 }
 
-// demandGPUs is the GPU capacity a container asks for, in GPUs (see Add).
+// demandGPUs is the GPU capacity a container asks for, in GPUs (see
+// CPUPerGPU).
 func demandGPUs(gpus int, exclusive bool, memoryPercent, coresPercent int) float64 {
 	if exclusive {
 		return float64(gpus)
@@ -295,12 +295,10 @@ func (w *Workload) AddClass(c WorkloadClass) {
 		return
 	}
 	w.total += c.Weight
-	if c.GPUs == 0 {
-		w.cpuOnly += c.Weight
-		w.cpuOnlyCPU += c.Weight * float64(c.Host.CPUMilli)
-	} else {
-		w.gpuWeight += c.Weight
-		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli) / demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+	if c.GPUs > 0 {
+		w.gpuDemand += c.Weight * demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
+		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli)
+		w.gpuMemory += c.Weight * float64(c.Host.MemoryMiB)
 	}
 	for i := range w.classes {
 		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
@@ -333,8 +331,8 @@ func sameShape(a, b WorkloadClass) bool {
 // is fragmented when the class cannot take a slice of it (model, slices,
 // memory or cores), when fewer of the node's GPUs than the class needs
 // can, or when the node's HostFree (if known) lacks the class's Host CPU
-// or memory; of n GPUs it could use, a host whose CPU feeds only b < n of
-// them (Workload.gpuBound) leaves 1 − b/n of their free capacity
+// or memory; of n GPUs it could use, a host whose CPU and memory feed
+// only b < n of them (Workload.gpuBound) leaves 1 − b/n of their free capacity
 // fragmented for it. The class's fragments are weighted by its share of
 // w. This is the idea of Weng et al., "Beware of Fragmentation" (USENIX
 // ATC '23), applied to memory, compute, slices and the host. Pure; w is
@@ -414,27 +412,26 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 	if w.total <= 0 {
 		return
 	}
-	// Pods without GPUs weigh the GPUs their mean CPU feeds.
-	cpuOnlyWeight := 1.0
-	if w.cpuOnly > 0 && w.cpuOnlyCPU > 0 && w.gpuCPU > 0 {
-		cpuOnlyWeight = (w.cpuOnlyCPU / w.cpuOnly) / (w.gpuCPU / w.gpuWeight)
-	}
-	total := cpuOnlyWeight * w.cpuOnly
+	var total float64
 	for ci := range w.classes {
-		if c := &w.classes[ci]; c.GPUs > 0 {
-			total += c.Weight * w.scale[w.shapeOf[ci]]
-		}
+		total += w.classes[ci].Weight * w.scale[w.shapeOf[ci]]
 	}
 	if total <= 0 {
 		return
 	}
+	// What the host holds before and after the pod, and the GPUs of
+	// demand that feeds at the workload's averages: the same for every
+	// class.
+	var room HostResources
+	var feedsBefore, feedsAfter float64
+	if hostFree != nil {
+		room = HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
+		feedsBefore, feedsAfter = w.hostFeeds(*hostFree), w.hostFeeds(room)
+	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
-		share := c.Weight * w.scale[w.shapeOf[ci]] / total
-		if c.GPUs == 0 {
-			share = c.Weight * cpuOnlyWeight / total
-		}
 		si := w.shapeOf[ci]
+		share := c.Weight * w.scale[si] / total
 		if hostFree == nil {
 			if before != nil {
 				before.full[si] += share
@@ -443,23 +440,37 @@ func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus 
 			continue
 		}
 		if before != nil {
-			before.add(c, si, share, w.gpuBound(c, *hostFree), gpus, len(w.shapes))
+			before.add(c, si, share, w.gpuBound(c, *hostFree, feedsBefore), gpus, len(w.shapes))
 		}
-		room := HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
-		after.add(c, si, share, w.gpuBound(c, room), gpus, len(w.shapes))
+		after.add(c, si, share, w.gpuBound(c, room, feedsAfter), gpus, len(w.shapes))
 	}
 }
 
+// hostFeeds is how many GPUs of demand a host with free feeds at w's CPU
+// and memory per GPU of demand (CPUPerGPU, memoryPerGPU): the scarcer of
+// the two; +Inf when w's pods request neither.
+func (w *Workload) hostFeeds(free HostResources) float64 {
+	feeds := math.Inf(1)
+	if cpg := w.CPUPerGPU(); cpg > 0 {
+		feeds = float64(free.CPUMilli) / cpg
+	}
+	if mpg := w.memoryPerGPU(); mpg > 0 {
+		feeds = min(feeds, float64(free.MemoryMiB)/mpg)
+	}
+	return feeds
+}
+
 // gpuBound is how many of a node's GPUs class c can use when its host
-// has free: none when one of its pods does not fit, else as many as free's
-// CPU feeds, counting each pod at its own CPU request or at the
-// workload's CPU per GPU of demand (CPUPerGPU), whichever lets more in
-// (+Inf when neither bounds it, for pods without GPUs, and under
-// SetHostFitOnly). Its own
-// request alone would send pods that ask for a little more CPU than most
-// to the few nodes richest in CPU, which the largest pods need; the
-// workload's alone would bound light pods by CPU they do not ask for.
-func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
+// has free, and feeds is hostFeeds(free): none when one of its pods does
+// not fit, else as many as free's CPU and memory feed, counting each pod
+// at its own requests or at the workload's averages, whichever lets more
+// in (+Inf when neither bounds it, for pods without GPUs, and under
+// SetHostFitOnly). Its own requests alone would send pods
+// that ask for a little more CPU than most to the few nodes richest in
+// CPU, which the largest pods need; the workload's alone would bound light
+// pods by CPU they do not ask for. Either way a host feeds no more GPUs
+// than the scarcer of its CPU and memory holds.
+func (w *Workload) gpuBound(c *WorkloadClass, free HostResources, feeds float64) float64 {
 	pods := podsRoom(c.Host, free)
 	if pods <= 0 {
 		return 0
@@ -468,9 +479,8 @@ func (w *Workload) gpuBound(c *WorkloadClass, free HostResources) float64 {
 		return math.Inf(1)
 	}
 	bound := float64(pods) * float64(c.GPUs)
-	if cpg := w.CPUPerGPU(); cpg > 0 {
-		demand := demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
-		bound = max(bound, float64(free.CPUMilli)/(cpg*demand)*float64(c.GPUs))
+	if !math.IsInf(feeds, 1) {
+		bound = max(bound, feeds/demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)*float64(c.GPUs))
 	}
 	return bound
 }

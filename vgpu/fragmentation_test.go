@@ -49,15 +49,15 @@ func TestFragmentation(t *testing.T) {
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 1000}}, hungry); got != 2 {
 		t.Errorf("Fragmentation() with a host short of CPU = %v, want 2", got)
 	}
-	// The GPU class asks 4000m per half GPU: 8000m per GPU. The CPU-only
-	// pods average 16000m, two GPUs' worth, so they weigh 2 against 1 and,
-	// not fitting the host, find both free GPUs fragmented.
+	// A class of pods without GPUs weighs its pods as the others do, and,
+	// not fitting the host, finds both free GPUs fragmented; the GPU
+	// class fits two pods and can use both.
 	cpuOnly := vgpu.NewWorkload(
 		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, Host: vgpu.HostResources{CPUMilli: 4000}, Weight: 1},
 		vgpu.WorkloadClass{Host: vgpu.HostResources{CPUMilli: 16000}, Weight: 1},
 	)
-	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 10000}}, cpuOnly); math.Abs(got-2*2.0/3) > 1e-9 {
-		t.Errorf("Fragmentation() with CPU-only pods short of CPU = %v, want %v", got, 2*2.0/3)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 10000}}, cpuOnly); math.Abs(got-0.5*2) > 1e-9 {
+		t.Errorf("Fragmentation() with CPU-only pods short of CPU = %v, want %v", got, 0.5*2)
 	}
 	// The workload asks 4000m per GPU. 6000m free feeds three light pods
 	// but one heavy one, or 1.5 GPUs at the workload's CPU per GPU: the
@@ -68,6 +68,16 @@ func TestFragmentation(t *testing.T) {
 	)
 	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 6000}}, bounded); math.Abs(got-0.5*0.5) > 1e-9 {
 		t.Errorf("Fragmentation() with CPU for 1.5 GPUs = %v, want %v", got, 0.5*0.5)
+	}
+	// Memory bounds as CPU does: the workload asks 8 GiB per GPU, so 12
+	// GiB free feeds 1.5 GPUs however much CPU is free; the heavy class
+	// fits one pod of its own and can use 1.5 of the 2 free GPUs.
+	memoryBound := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 2000, MemoryMiB: 4096}, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Host: vgpu.HostResources{CPUMilli: 6000, MemoryMiB: 12288}, Weight: 1},
+	)
+	if got := vgpu.Fragmentation(vgpu.NodeState{Inventory: node, HostFree: &vgpu.HostResources{CPUMilli: 16000, MemoryMiB: 12288}}, memoryBound); math.Abs(got-0.5*0.5) > 1e-9 {
+		t.Errorf("Fragmentation() with memory for 1.5 GPUs = %v, want %v", got, 0.5*0.5)
 	}
 	// The paper's rule: one pod fits, so every free GPU is usable; a
 	// snapshot keeps the rule.
@@ -89,15 +99,19 @@ func TestWorkloadAdd(t *testing.T) {
 	w.Add(vgpu.PodDemand{Request: share, Host: host})
 	w.Add(vgpu.PodDemand{Request: vgputest.Pod("p").GPU(2).PodRequest()})
 	w.Add(vgpu.PodDemand{Request: vgputest.Pod("p").InitContainer("i").MemoryMiB(512).Container("c").MemoryMiB(1024).PodRequest()})
-	w.Add(vgpu.PodDemand{Host: host})
+	w.Add(vgpu.PodDemand{Host: host}) // no GPU: no class
 	want := []vgpu.WorkloadClass{
-		{GPUs: 1, MemoryPercent: 25, CoresPercent: 40, Host: host, Weight: 0.8},
-		{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Weight: 2},
-		{GPUs: 1, MemoryMiB: 1024, Weight: 0.1},
-		{Host: host, Weight: 1},
+		{GPUs: 1, MemoryPercent: 25, CoresPercent: 40, Host: host, Weight: 2},
+		{GPUs: 2, MemoryPercent: 100, CoresPercent: 100, Exclusive: true, Weight: 1},
+		{GPUs: 1, MemoryMiB: 1024, Weight: 1},
 	}
 	if diff := cmp.Diff(want, w.Classes(), cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
 		t.Errorf("Classes() mismatch (-want +got):\n%s", diff)
+	}
+	// 8000m over a GPU demand of 2 × 0.4 (the shares) + 2 (the whole
+	// GPUs) + 0.1 (the request in MiB).
+	if got, want := w.CPUPerGPU(), 8000/2.9; math.Abs(got-want) > 1e-9 {
+		t.Errorf("CPUPerGPU() = %v, want %v", got, want)
 	}
 }
 
@@ -153,9 +167,9 @@ func TestWorkloadHalfLife(t *testing.T) {
 	w.Add(half)
 	got := w.Classes()
 	ratio := got[0].Weight / got[1].Weight
-	// whole: 1·b1 + 1·b2; half: 0.5·b3 + 0.5·b4, b growing by √2 a pod.
+	// whole: b1 + b2; half: b3 + b4, b growing by √2 a pod.
 	r := math.Sqrt2
-	want := (r + r*r) / (0.5*r*r*r + 0.5*r*r*r*r)
+	want := (r + r*r) / (r*r*r + r*r*r*r)
 	if math.Abs(ratio-want) > 1e-9 {
 		t.Errorf("weight ratio whole/half = %v, want %v", ratio, want)
 	}
