@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,19 @@ type demand struct {
 	// node's GPUs (Bind); Filter and Prioritize need the verdict, the
 	// score and a reason only, and share cached verdicts.
 	forBind bool
+	// self is the pod's own entry in the state, looked up once per call
+	// that judges many nodes, when selfKnown (see entryLocked).
+	self      *podEntry
+	selfKnown bool
+}
+
+// entryLocked returns the pod's own entry in st (nil when it counts
+// nowhere). Callers hold st.mu.
+func (d *demand) entryLocked(st *clusterState) *podEntry {
+	if d.selfKnown {
+		return d.self
+	}
+	return st.pods[d.uid]
 }
 
 // wantsGPU reports whether the pod asks for any GPU; pods that do not fit
@@ -170,7 +184,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 	opts := s.fitOptions
 	opts.Workload = st.workload
 	opts.Unscored, opts.ReasonOnly = d.forBind, !d.forBind
-	if e := st.pods[d.uid]; e != nil && e.node == name {
+	if e := d.entryLocked(st); e != nil && e.node == name {
 		// A pod's own earlier usage does not count against itself.
 		usage := n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
@@ -228,26 +242,24 @@ const verdictSlots = 8
 
 // verdictCache is a node's latest verdicts for a few pod shapes, each
 // valid for one generation of the node. Safe for concurrent use: Filter's
-// workers read and fill it under the state's read lock.
+// workers read and fill it under the state's read lock. The generations
+// lie side by side, so that a lookup that finds none current (the first
+// pod after the node changed) reads one cache line of them.
 type verdictCache struct {
-	mu      sync.Mutex
-	entries [verdictSlots]cachedVerdict
-	next    int
-}
-
-type cachedVerdict struct {
-	key string
-	gen uint64
-	v   verdict
+	mu   sync.Mutex
+	next int
+	gens [verdictSlots]uint64
+	keys [verdictSlots]string
+	vs   [verdictSlots]verdict
 }
 
 // get returns the verdict for key at generation gen, if remembered.
 func (c *verdictCache) get(key string, gen uint64) (verdict, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := range c.entries {
-		if e := &c.entries[i]; e.gen == gen && e.key == key {
-			return e.v, true
+	for i, g := range c.gens {
+		if g == gen && c.keys[i] == key {
+			return c.vs[i], true
 		}
 	}
 	return verdict{}, false
@@ -258,14 +270,12 @@ func (c *verdictCache) get(key string, gen uint64) (verdict, bool) {
 func (c *verdictCache) put(key string, gen uint64, v verdict) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := range c.entries {
-		if c.entries[i].key == key {
-			c.entries[i] = cachedVerdict{key: key, gen: gen, v: v}
-			return
-		}
+	i := slices.Index(c.keys[:], key)
+	if i < 0 {
+		i = c.next
+		c.next = (c.next + 1) % verdictSlots
 	}
-	c.entries[c.next] = cachedVerdict{key: key, gen: gen, v: v}
-	c.next = (c.next + 1) % verdictSlots
+	c.gens[i], c.keys[i], c.vs[i] = gen, key, v
 }
 
 // readinessLocked reports whether the device plugin serves node n: an
@@ -275,6 +285,9 @@ func (c *verdictCache) put(key string, gen uint64, v verdict) {
 func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool) {
 	if n.unready != nil {
 		return *n.unready, false
+	}
+	if n.heartbeatFine && now.Sub(n.heartbeatRenewed) <= s.cfg.HeartbeatMaxAge.Duration {
+		return verdict{}, true // what HeartbeatReadiness says of a fresh, sound heartbeat
 	}
 	h := vgpu.Heartbeat{}
 	if l := n.lease; l != nil {
@@ -313,6 +326,10 @@ func (s *Scheduler) evaluateAll(names []string, d *demand, fn func(i int, v verd
 	now := s.clock.Now()
 	s.state.mu.RLock()
 	defer s.state.mu.RUnlock()
+	// One lookup of the pod's own entry for all nodes, before the workers
+	// share d.
+	d.self, d.selfKnown = s.state.pods[d.uid], true
+	defer func() { d.self, d.selfKnown = nil, false }()
 	workers := min(runtime.GOMAXPROCS(0), (len(names)+chunkSize-1)/chunkSize)
 	if len(names) < parallelThreshold || workers < 2 {
 		for i, name := range names {

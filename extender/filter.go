@@ -63,14 +63,11 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	if err != nil {
 		return nil, err
 	}
-	result := &extenderv1.ExtenderFilterResult{
-		FailedNodes:                extenderv1.FailedNodesMap{},
-		FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
-	}
 	d, err := demandOf(args.Pod)
 	if err != nil {
-		result.Error = err.Error()
-		return result, nil
+		return &extenderv1.ExtenderFilterResult{
+			FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: err.Error(),
+		}, nil
 	}
 	// Every slot is written below; the slice goes back to the pool when
 	// the answer is built (it holds no state the answer points to but
@@ -99,7 +96,25 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	if s.cfg.FilterResult == FilterResultBest {
 		tier = bestTier(verdicts)
 	}
-	passed := make([]string, 0, len(names))
+	// The answer's parts are sized from a count first: with thousands of
+	// nodes they are most of what one Filter allocates.
+	var nPassed, nFailed, nUnresolvable int
+	for i := range verdicts {
+		switch v := &verdicts[i]; {
+		case v.fits && v.score >= tier:
+			nPassed++
+		case v.fits:
+		case v.unresolvable:
+			nUnresolvable++
+		default:
+			nFailed++
+		}
+	}
+	result := &extenderv1.ExtenderFilterResult{
+		FailedNodes:                make(extenderv1.FailedNodesMap, nFailed),
+		FailedAndUnresolvableNodes: make(extenderv1.FailedNodesMap, nUnresolvable),
+	}
+	passed := make([]string, 0, nPassed)
 	var items []corev1.Node
 	counts := map[vgpu.Reason]int64{}
 	needs := map[needKey]string{}

@@ -58,28 +58,21 @@ type clusterState struct {
 
 // nodeState is one node as the extender sees it.
 type nodeState struct {
-	// name is the Node's name; index its position in clusterState.byIndex.
-	name  string
-	index int
-	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed
-	// once; lease is that Lease's state while it exists, so Filter finds
-	// it without a lookup.
-	leaseName string
-	lease     *leaseState
+	// First what judging a node for a pod reads, side by side.
+	//
 	// known is true while the Node object exists.
 	known bool
-	// rawInventory is the annotation value inventory and inventoryErr were
-	// parsed from; parsing happens only when it changes.
-	rawInventory string
-	inventory    vgpu.NodeInventory
-	inventoryErr error
+	// heartbeatFine is true while the node's heartbeat Lease exists, has
+	// a renewTime and a heartbeat (if any) that parses and says the plugin
+	// is registered: all HeartbeatReadiness asks but the age, judged on
+	// each Lease event; heartbeatRenewed is its renewTime.
+	heartbeatFine    bool
+	heartbeatRenewed time.Time
 	// unready says why the Node's own fields (inventory, ready label,
 	// allocatable resourceName) turn pods away, judged on each Node event
 	// (nodeUnready); nil when they admit pods. The heartbeat is judged at
 	// each Filter, as it ages.
 	unready *verdict
-	// usage is what the counted pods (bound and reserved) hold.
-	usage vgpu.NodeUsage
 	// summary is inventory and usage laid out for Fit, rebuilt whenever
 	// either changes (refreshLocked).
 	summary *vgpu.NodeSummary
@@ -91,8 +84,23 @@ type nodeState struct {
 	// whether what it checked under the read lock is still current, and
 	// verdicts can tell whether they still hold.
 	gen uint64
+	// name is the Node's name; index its position in clusterState.byIndex.
+	name  string
+	index int
 	// verdicts remembers the latest Fit verdicts for a few pod shapes.
 	verdicts verdictCache
+	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed
+	// once; lease is that Lease's state while it exists, so Filter finds
+	// it without a lookup.
+	leaseName string
+	lease     *leaseState
+	// rawInventory is the annotation value inventory and inventoryErr were
+	// parsed from; parsing happens only when it changes.
+	rawInventory string
+	inventory    vgpu.NodeInventory
+	inventoryErr error
+	// usage is what the counted pods (bound and reserved) hold.
+	usage vgpu.NodeUsage
 	// hostAllocatable is the Node's allocatable CPU and memory (nil:
 	// unknown); hostRequested what its pods request of them. The summary
 	// is given the difference (hostFreeLocked).
@@ -160,6 +168,7 @@ func (st *clusterState) nodeLocked(name string) *nodeState {
 		st.byIndex = append(st.byIndex, n)
 		st.byLease[n.leaseName] = n
 		n.lease = st.leases[n.leaseName] // a Lease seen before its Node
+		n.syncHeartbeat()
 	}
 	return n
 }
@@ -285,6 +294,19 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 			l.heartbeat, l.heartbeatErr = vgpu.ParsePluginHeartbeat(raw)
 		}
 	}
+	if n := st.byLease[lease.Name]; n != nil {
+		n.syncHeartbeat()
+	}
+}
+
+// syncHeartbeat copies what readinessLocked reads of n's Lease into n.
+func (n *nodeState) syncHeartbeat() {
+	l := n.lease
+	n.heartbeatFine = l != nil && !l.renewTime.IsZero() && (l.raw == "" || l.heartbeatErr == nil && l.heartbeat.Registered)
+	n.heartbeatRenewed = time.Time{}
+	if l != nil {
+		n.heartbeatRenewed = l.renewTime
+	}
 }
 
 // deleteLease records a heartbeat Lease deleted.
@@ -297,6 +319,7 @@ func (st *clusterState) deleteLease(name string) {
 	delete(st.leases, name)
 	if n := st.byLease[name]; n != nil {
 		n.lease = nil
+		n.syncHeartbeat()
 	}
 }
 

@@ -173,24 +173,69 @@ type span struct{ from, to int }
 // cost no more than the filters.
 func (s *fitState) measure(p *Placement) {
 	p.UsedAfter = s.used()
-	if p.NodePolicy == PolicyFragmentation {
-		p.FragmentationAfter = s.fragModel().node(s, true)
-	}
 	if s.env.summary != nil {
 		p.UsedBefore = s.env.summary.usedBefore
-		if p.NodePolicy == PolicyFragmentation && s.fragCached() {
-			p.FragmentationBefore = s.env.summary.frag.before
-			return
-		}
-	}
-	s.baseOnly = true
-	if s.env.summary == nil {
+	} else {
+		s.baseOnly = true
 		p.UsedBefore = s.used()
+		s.baseOnly = false
 	}
 	if p.NodePolicy == PolicyFragmentation {
-		p.FragmentationBefore = s.fragModel().node(s, false)
+		p.FragmentationBefore, p.FragmentationAfter = s.fragmentation()
 	}
-	s.baseOnly = false
+}
+
+// fragmentation returns the node's fragmentation without and with the
+// pod: for a pod that changes one GPU, from the node's stats without it
+// and the change on that GPU (fragModel.afterOne), else by measuring the
+// node with it. The summary's figures stand for the node without the pod
+// when they hold for this call.
+func (s *fitState) fragmentation() (before, after float64) {
+	m := s.fragModel()
+	if m.w.total <= 0 {
+		return 0, 0
+	}
+	cached := s.fragCached()
+	gi := s.onlyChanged()
+	if gi < 0 {
+		after = m.node(s, true)
+		if cached {
+			return s.env.summary.frag.before, after
+		}
+		s.baseOnly = true
+		before = m.node(s, false)
+		s.baseOnly = false
+		return before, after
+	}
+	var free float64
+	if cached {
+		f := s.env.summary.frag
+		copy(m.cnt, f.cnt)
+		copy(m.sum, f.sum)
+		free, before = f.freeTotal, f.before
+	} else {
+		s.baseOnly = true
+		free = m.stats(s).free
+		s.baseOnly = false
+		before = m.measure(free, &m.weight[0])
+	}
+	return before, m.afterOne(s, free, gi, s.base[gi], s.total(gi))
+}
+
+// onlyChanged returns the position of the one GPU the pod holds anything
+// on, or -1 when it holds something on none or on several.
+func (s *fitState) onlyChanged() int {
+	changed := -1
+	for gi := range s.node.GPUs {
+		if s.untouched(gi) {
+			continue
+		}
+		if changed >= 0 {
+			return -1
+		}
+		changed = gi
+	}
+	return changed
 }
 
 // cpuSurplus fills p's CPU surplus for a pod without GPUs on a node whose
@@ -445,12 +490,17 @@ func (s *fitState) used() float64 {
 // usedShare is the share of g that u holds, 0 to 1: the larger of the
 // memory and compute shares, and 1 when no slice is free.
 func usedShare(g *GPU, u GPUUsage, split int) float64 {
-	if u.Exclusive > 0 || u.Slices >= split || g.SchedulableMemoryMiB <= 0 {
+	return shareOf(u, g.SchedulableMemoryMiB, g.CoresPercent, split)
+}
+
+// shareOf is usedShare of a GPU offering schedulableMiB and coresCap.
+func shareOf(u GPUUsage, schedulableMiB int64, coresCap, split int) float64 {
+	if u.Exclusive > 0 || u.Slices >= split || schedulableMiB <= 0 {
 		return 1
 	}
-	share := float64(u.MemoryMiB) / float64(g.SchedulableMemoryMiB)
-	if g.CoresPercent > 0 {
-		share = max(share, float64(u.CoresPercent)/float64(g.CoresPercent))
+	share := float64(u.MemoryMiB) / float64(schedulableMiB)
+	if coresCap > 0 {
+		share = max(share, float64(u.CoresPercent)/float64(coresCap))
 	}
 	return min(share, 1)
 }

@@ -37,6 +37,57 @@ type Workload struct {
 	halfLife, boost float64
 	// hostFitOnly is SetHostFitOnly's.
 	hostFitOnly bool
+	// rich is what fillWeights needs to see at once that a host leaves
+	// every class all of a node's GPUs; refresh keeps it current.
+	rich richHost
+}
+
+// richHost is a Workload's figures for hosts that bound no class: the
+// classes' largest host requests, their largest GPU demand per GPU among
+// those that request CPU or memory, and, per shape, the weights every such
+// host gives (each class's share, summed in class order as fillWeights
+// sums them), with the total they are shares of.
+type richHost struct {
+	maxHost HostResources
+	perGPU  float64
+	full    []float64
+	total   float64
+}
+
+// refresh recomputes w.rich after a change to the classes, their weights
+// or the supply.
+func (w *Workload) refresh() {
+	r := richHost{full: make([]float64, len(w.shapes))}
+	for ci := range w.classes {
+		c := &w.classes[ci]
+		r.total += c.Weight * w.scale[w.shapeOf[ci]]
+		r.maxHost.CPUMilli = max(r.maxHost.CPUMilli, c.Host.CPUMilli)
+		r.maxHost.MemoryMiB = max(r.maxHost.MemoryMiB, c.Host.MemoryMiB)
+		if c.GPUs > 0 && c.Host != (HostResources{}) {
+			r.perGPU = max(r.perGPU, demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)/float64(c.GPUs))
+		}
+	}
+	if r.total > 0 {
+		for ci := range w.classes {
+			c := &w.classes[ci]
+			si := w.shapeOf[ci]
+			r.full[si] += c.Weight * w.scale[si] / r.total
+		}
+	}
+	w.rich = r
+}
+
+// feedsAll reports whether a host with free, which feeds feeds GPUs of
+// demand (hostFeeds), lets every class use all of a node's gpus GPUs:
+// each class's pod fits it, and it feeds each class's GPUs at the
+// workload's averages with a margin for rounding (gpuBound). When it does,
+// the weights are w.rich.full.
+func (w *Workload) feedsAll(free HostResources, feeds float64, gpus int) bool {
+	r := &w.rich
+	if free.CPUMilli < max(r.maxHost.CPUMilli, 0) || free.MemoryMiB < max(r.maxHost.MemoryMiB, 0) {
+		return false
+	}
+	return w.hostFitOnly || r.perGPU == 0 || feeds >= float64(gpus)*r.perGPU*(1+1e-9)
 }
 
 // WorkloadClass is one request shape of a Workload: what one container
@@ -115,6 +166,7 @@ func (w *Workload) SetSupply(gpusByModel map[string]int) {
 	for si := range w.shapes {
 		w.scale[si] = w.supplyScale(&w.shapes[si])
 	}
+	w.refresh()
 }
 
 // supplyScale is the scale of shape t (see Workload.scale).
@@ -266,6 +318,7 @@ func (w *Workload) age() {
 	w.gpuDemand *= f
 	w.gpuCPU *= f
 	w.gpuMemory *= f
+	w.refresh()
 }
 
 // boosted is weight times the boost of new weights.
@@ -300,6 +353,7 @@ func (w *Workload) AddClass(c WorkloadClass) {
 		w.gpuCPU += c.Weight * float64(c.Host.CPUMilli)
 		w.gpuMemory += c.Weight * float64(c.Host.MemoryMiB)
 	}
+	defer w.refresh()
 	for i := range w.classes {
 		if sameShape(w.classes[i], c) && w.classes[i].Host == c.Host {
 			w.classes[i].Weight += c.Weight
@@ -409,40 +463,47 @@ func newFragModel(w *Workload, hostFree *HostResources, pod HostResources, gpus 
 // nil): fragModel.weight. Their full slices must have a place per shape;
 // capped is made when needed. A nil before is skipped.
 func (w *Workload) fillWeights(hostFree *HostResources, pod HostResources, gpus int, before, after *shapeWeights) {
-	if w.total <= 0 {
-		return
-	}
-	var total float64
-	for ci := range w.classes {
-		total += w.classes[ci].Weight * w.scale[w.shapeOf[ci]]
-	}
-	if total <= 0 {
+	total := w.rich.total
+	if w.total <= 0 || total <= 0 {
 		return
 	}
 	// What the host holds before and after the pod, and the GPUs of
 	// demand that feeds at the workload's averages: the same for every
-	// class.
+	// class. A host that bounds no class gives every class its share.
 	var room HostResources
 	var feedsBefore, feedsAfter float64
+	richBefore, richAfter := true, true
 	if hostFree != nil {
 		room = HostResources{CPUMilli: hostFree.CPUMilli - pod.CPUMilli, MemoryMiB: hostFree.MemoryMiB - pod.MemoryMiB}
 		feedsBefore, feedsAfter = w.hostFeeds(*hostFree), w.hostFeeds(room)
+		richBefore, richAfter = w.feedsAll(*hostFree, feedsBefore, gpus), w.feedsAll(room, feedsAfter, gpus)
+	}
+	if before != nil && richBefore {
+		addShares(before.full, w.rich.full)
+	}
+	if richAfter {
+		addShares(after.full, w.rich.full)
+	}
+	if (before == nil || richBefore) && richAfter {
+		return
 	}
 	for ci := range w.classes {
 		c := &w.classes[ci]
 		si := w.shapeOf[ci]
 		share := c.Weight * w.scale[si] / total
-		if hostFree == nil {
-			if before != nil {
-				before.full[si] += share
-			}
-			after.full[si] += share
-			continue
-		}
-		if before != nil {
+		if before != nil && !richBefore {
 			before.add(c, si, share, w.gpuBound(c, *hostFree, feedsBefore), gpus, len(w.shapes))
 		}
-		after.add(c, si, share, w.gpuBound(c, room, feedsAfter), gpus, len(w.shapes))
+		if !richAfter {
+			after.add(c, si, share, w.gpuBound(c, room, feedsAfter), gpus, len(w.shapes))
+		}
+	}
+}
+
+// addShares adds each shape's share in from to to.
+func addShares(to, from []float64) {
+	for si, v := range from {
+		to[si] += v
 	}
 }
 
@@ -609,6 +670,12 @@ func (m *fragModel) node(s *fitState, after bool) float64 {
 	if after {
 		weight = &m.weight[1]
 	}
+	return m.measure(fs.free, weight)
+}
+
+// measure is the fragmentation of a node whose free capacity is free and
+// whose stats are m.cnt and m.sum, weighed by weight. It only reads m.
+func (m *fragModel) measure(free float64, weight *shapeWeights) float64 {
 	// Every class sees all free capacity, less what it can use; classes
 	// that do not fit the host (absent from weight) can use none.
 	var usableFree float64
@@ -617,7 +684,20 @@ func (m *fragModel) node(s *fitState, after bool) float64 {
 			usableFree += weight.at(&m.w.shapes[si], si, m.cnt[si]) * m.sum[si]
 		}
 	}
-	return fs.free - usableFree
+	return free - usableFree
+}
+
+// afterOne is the fragmentation after the pod when it changes GPU gi alone,
+// from before to after: the node without the pod, weighed by what the host
+// leaves the classes after the pod, plus delta. m.cnt and m.sum are the
+// node's stats without the pod and free its free capacity. Fit and
+// NodeSummary.Fit both measure such pods this way, so they agree to the
+// bit, and neither walks the node's GPUs again.
+func (m *fragModel) afterOne(s *fitState, free float64, gi int, before, after GPUUsage) float64 {
+	if m.w.total <= 0 {
+		return 0
+	}
+	return m.measure(free, &m.weight[1]) + m.delta(s, gi, before, after)
 }
 
 // delta returns the change in fragmentation when GPU gi goes from holding

@@ -1,6 +1,6 @@
 package vgpu
 
-import "slices"
+import "math/bits"
 
 // NodeSummary is one node laid out for many Fit calls: its inventory, what
 // its pods hold on each GPU in inventory order, and what Fit measures the
@@ -16,13 +16,8 @@ import "slices"
 // not depend on the pod. NodeSummary.Fit gives exactly what Fit gives for
 // the same node: same placement, same figures, bit for bit.
 type NodeSummary struct {
-	inv      NodeInventory
-	hostFree *HostResources
-	// base is what the node's pods hold, by GPU position in inv.GPUs.
-	base    []GPUUsage
+	// First what Reject and quickFit read, side by side.
 	healthy int
-	// usedBefore is the healthy capacity in use, in GPUs (Placement.UsedBefore).
-	usedBefore float64
 	// largestFreeMiB is the most memory free on one healthy GPU that has
 	// a free slice (-1 when none has); sliceable counts those GPUs.
 	largestFreeMiB int64
@@ -33,7 +28,13 @@ type NodeSummary struct {
 	frag *fragSummary
 	// cells are the healthy GPUs in inventory order, laid out for
 	// quickFit.
-	cells []gpuCell
+	cells    []gpuCell
+	hostFree *HostResources
+	// usedBefore is the healthy capacity in use, in GPUs (Placement.UsedBefore).
+	usedBefore float64
+	inv        NodeInventory
+	// base is what the node's pods hold, by GPU position in inv.GPUs.
+	base []GPUUsage
 }
 
 // gpuCell is one healthy GPU as quickFit reads it: what it offers, what
@@ -47,6 +48,9 @@ type gpuCell struct {
 	cores, coresCap        int
 	slices, exclusive      int
 	share                  float64
+	// mask is the shapes of the summary's workload that can take a slice
+	// of the GPU (fragSummary.masks), for quickFit's fragmentation deltas.
+	mask uint64
 }
 
 // fragSummary is the node's fragmentation before a pod, for one workload.
@@ -60,11 +64,45 @@ type fragSummary struct {
 	// shapes.
 	free  []float64
 	masks []uint64
-	// cnt and sum are fragModel.stats of the node without the pod.
-	cnt []int
-	sum []float64
+	// cnt and sum are fragModel.stats of the node without the pod, and
+	// freeTotal its free capacity.
+	cnt       []int
+	sum       []float64
+	freeTotal float64
 	// before is the node's fragmentation (Placement.FragmentationBefore).
 	before float64
+}
+
+// summaryBlock holds a NodeSummary of up to blockGPUs GPUs, measured
+// against a workload of up to blockShapes shapes, in one allocation:
+// Filter reads thousands of summaries once each, and the parts of one
+// summary then come from neighbouring memory rather than from pointers
+// followed one after another. Larger nodes and workloads take the parts
+// that do not fit from the heap.
+type summaryBlock struct {
+	// In the order quickFit reads them; what only Fit reads last.
+	s     NodeSummary
+	f     fragSummary
+	cells [blockGPUs]gpuCell
+	cnt   [blockShapes]int
+	sum   [blockShapes]float64
+	full  [2][blockShapes]float64
+	base  [blockGPUs]GPUUsage
+	free  [blockGPUs]float64
+	masks [blockGPUs]uint64
+}
+
+const (
+	blockGPUs   = 8
+	blockShapes = 16
+)
+
+// inBlock returns buf[:n] when it has room, else a new slice of n.
+func inBlock[T any](buf []T, n int) []T {
+	if n <= len(buf) {
+		return buf[:n:n]
+	}
+	return make([]T, n)
 }
 
 // Summarize returns the summary of node, measured against w for the
@@ -73,9 +111,13 @@ type fragSummary struct {
 // arguments.
 func Summarize(node NodeState, w *Workload) *NodeSummary {
 	st := newFitState(PodRequest{}, node.Inventory, node.Usage)
-	base := make([]GPUUsage, len(st.base))
-	copy(base, st.base)
-	s := &NodeSummary{inv: node.Inventory, hostFree: node.HostFree, base: base, healthy: st.healthy, w: w}
+	b := &summaryBlock{}
+	gpus := len(node.Inventory.GPUs)
+	s := &b.s
+	*s = NodeSummary{inv: node.Inventory, hostFree: node.HostFree, base: inBlock(b.base[:], len(st.base)), healthy: st.healthy, w: w}
+	copy(s.base, st.base)
+	base := s.base
+	s.cells = inBlock(b.cells[:], st.healthy)[:0]
 	s.largestFreeMiB = -1
 	for gi := range s.inv.GPUs {
 		g := &s.inv.GPUs[gi]
@@ -105,10 +147,14 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	if w == nil || w.total <= 0 {
 		return s
 	}
-	m := newFragModel(w, node.HostFree, HostResources{}, len(s.inv.GPUs))
-	f := &fragSummary{free: make([]float64, len(base))}
-	if len(w.shapes) <= 64 {
-		f.masks = make([]uint64, len(base))
+	shapes := len(w.shapes)
+	m := &fragModel{w: w, cnt: inBlock(b.cnt[:], shapes), sum: inBlock(b.sum[:], shapes)}
+	m.weight[0].full, m.weight[1].full = inBlock(b.full[0][:], shapes), inBlock(b.full[1][:], shapes)
+	w.fillWeights(node.HostFree, HostResources{}, gpus, &m.weight[0], &m.weight[1])
+	f := &b.f
+	f.free = inBlock(b.free[:], gpus)
+	if shapes <= 64 {
+		f.masks = inBlock(b.masks[:], gpus)
 	}
 	for gi := range s.inv.GPUs {
 		g := &s.inv.GPUs[gi]
@@ -126,12 +172,17 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 		}
 	}
 	st.env.frag = m
-	f.before = m.node(st, false)
-	// node left the base's counts in m: rank's stats for a pod that holds
-	// nothing yet.
-	f.cnt, f.sum = slices.Clone(m.cnt), slices.Clone(m.sum)
+	f.freeTotal = m.stats(st).free
+	f.before = m.measure(f.freeTotal, &m.weight[0])
+	// m's stats are rank's for a pod that holds nothing yet.
+	f.cnt, f.sum = m.cnt, m.sum
 	f.weight = m.weight
 	s.frag = f
+	for i := range s.cells {
+		if c := &s.cells[i]; f.masks != nil {
+			c.mask = f.masks[c.gi]
+		}
+	}
 	return s
 }
 
@@ -226,7 +277,6 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	best := -1
 	var bestKey, bestUsed float64
 	var bestUse GPUUsage
-	var st fitState // for the fragmentation model's delta, built on first use
 	// seen are cells whose delta is known, seenKey their deltas.
 	var seen [8]int
 	var seenKey [8]float64
@@ -266,12 +316,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 				key = seenKey[j]
 				break
 			}
-			if st.node.Node == "" {
-				st.node = s.inv
-			}
-			before := s.base[cell.gi]
-			m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum, weight: weight}
-			key = m.delta(&st, cell.gi, before, before.add(use, 1))
+			key = s.cellDelta(cell, use, &weight[1])
 			if nSeen < len(seen) {
 				seen[nSeen], seenKey[nSeen] = i, key
 				nSeen++
@@ -310,29 +355,77 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 			p.UsedAfter += cell.share
 			continue
 		}
-		p.UsedAfter += usedShare(&s.inv.GPUs[cell.gi], s.base[cell.gi].add(bestUse, 1), split)
+		after := GPUUsage{MemoryMiB: cell.memMiB, CoresPercent: cell.cores, Slices: cell.slices, Exclusive: cell.exclusive}.add(bestUse, 1)
+		p.UsedAfter += shareOf(after, cell.schedulableMiB, cell.coresCap, split)
 	}
 	p.UsedBefore = s.usedBefore
 	if p.NodePolicy == PolicyFragmentation {
-		var buf fitBuffers
-		state := initFitStateFrom(pod.Request, s.inv, s.base, s.healthy, &buf)
-		env := fitEnv{workload: s.w, summary: s}
-		state.env = &env
-		state.own[chosen.gi] = bestUse
-		// The model of fitState.fragModel, kept on the stack.
-		n := len(s.w.shapes)
-		var cnt [16]int
-		var sum [16]float64
-		m := fragModel{w: s.w, weight: weight}
-		if n <= len(cnt) {
-			m.cnt, m.sum = cnt[:n], sum[:n]
-		} else {
-			m.cnt, m.sum = make([]int, n), make([]float64, n)
+		// fitState.fragmentation for a pod that changes one GPU.
+		if p.GPUPolicy != PolicyFragmentation {
+			bestKey = s.cellDelta(chosen, bestUse, &weight[1])
 		}
-		p.FragmentationAfter = m.node(&state, true)
+		m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum}
+		p.FragmentationAfter = m.measure(s.frag.freeTotal, &weight[1]) + bestKey
 		p.FragmentationBefore = s.frag.before
 	}
 	return p, nil, true
+}
+
+// cellDelta is fragModel.delta for cell taking the slice use, weighed by
+// weight, read from the cell alone, to the bit: a shape that cannot take a
+// slice of the GPU before cannot after either, so only the shapes of its
+// mask can change the measure.
+func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeights) float64 {
+	split := s.inv.SplitCount
+	after := GPUUsage{MemoryMiB: cell.memMiB, CoresPercent: cell.cores, Slices: cell.slices, Exclusive: cell.exclusive}.add(use, 1)
+	free0 := 1 - cell.share // fragSummary.free
+	free1 := 1 - shareOf(after, cell.schedulableMiB, cell.coresCap, split)
+	f := s.frag
+	var d float64
+	for mask := cell.mask; mask != 0; mask &= mask - 1 {
+		si := bits.TrailingZeros64(mask)
+		t := &s.w.shapes[si]
+		cnt0, cnt, sum := f.cnt[si], f.cnt[si], f.sum[si]
+		var old float64
+		if cnt >= t.GPUs {
+			old = sum
+		}
+		if free0 > 0 {
+			cnt--
+			sum -= free0
+		}
+		if free1 > 0 && cellUsable(t, cell, after, split) {
+			cnt++
+			sum += free1
+		}
+		var now float64
+		if cnt >= t.GPUs {
+			now = sum
+		}
+		if weight.capped == nil {
+			d -= weight.full[si] * (now - old)
+			continue
+		}
+		d -= weight.at(t, si, cnt)*now - weight.at(t, si, cnt0)*old
+	}
+	return d + (free1 - free0)
+}
+
+// cellUsable is usable for shape t on cell holding u, for a shape that
+// could take a slice of the cell's GPU with less held (its model passes).
+func cellUsable(t *WorkloadClass, cell *gpuCell, u GPUUsage, split int) bool {
+	if t.GPUs == 0 {
+		return true
+	}
+	if t.Exclusive {
+		return u == (GPUUsage{}) && cell.schedulableMiB > 0 && cell.coresCap >= t.CoresPercent
+	}
+	need := t.MemoryMiB
+	if need == 0 {
+		need = cell.schedulableMiB * int64(t.MemoryPercent) / MaxPercent
+	}
+	return u.Exclusive == 0 && u.Slices < split && need > 0 &&
+		u.MemoryMiB+need <= cell.schedulableMiB && u.CoresPercent+t.CoresPercent <= cell.coresCap
 }
 
 // alike returns the position in seen of a cell that is alike cell i (same
