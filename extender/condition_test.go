@@ -100,7 +100,7 @@ func TestConditionControllerPass(t *testing.T) {
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *corev1.Node:
-			s.state.upsertNode(trimmedNode(t, o))
+			s.state.upsertNodeMeta(trimmedNode(t, o))
 		default:
 			feed(t, s, o)
 		}
@@ -149,13 +149,13 @@ func TestConditionControllerPass(t *testing.T) {
 }
 
 // trimmedNode is n as the extender's informer keeps it.
-func trimmedNode(t *testing.T, n *corev1.Node) *corev1.Node {
+func trimmedNode(t *testing.T, n *corev1.Node) *nodeMeta {
 	t.Helper()
-	out, err := trimmer(vgpu.ResourceGPU)(n)
+	out, err := trimmer(vgpu.ResourceGPU, nil)(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out.(*corev1.Node)
+	return out.(*nodeMeta)
 }
 
 func TestPlacementMessage(t *testing.T) {

@@ -110,7 +110,7 @@ func (s *Scheduler) watchDRA(cluster, sliceFactory informers.SharedInformerFacto
 
 // draSliceFactory is an informer factory whose ResourceSlices are only the gpuslice driver's.
 func draSliceFactory(s *Scheduler) informers.SharedInformerFactory {
-	return informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trimmer("")),
+	return informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trimmer("", nil)),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = resourcev1.ResourceSliceSelectorDriver + "=" + vgpu.DRADriverName
 		}))

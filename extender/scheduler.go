@@ -158,7 +158,7 @@ func (s *Scheduler) Rejections() map[vgpu.Reason]int64 { return s.rejections.sna
 // ends before the caches synced. Call it once.
 func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("informers")
-	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName))
+	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName), s.state.parsedInventory)
 	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
 	// Only the heartbeat Leases: the kubelets' node Leases share the
 	// namespace and are renewed every 10 s each.
@@ -186,7 +186,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		return nil
 	}
 	err := errors.Join(
-		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNode, func(n *corev1.Node) { st.deleteNode(n.Name) })),
+		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNodeMeta, func(n *nodeMeta) { st.deleteNode(n.Name) })),
 		register(cluster.Core().V1().Pods().Informer(), podHandlers(logger, st, s.podArrival())),
 		register(leases.Coordination().V1().Leases().Informer(), handlers(st.upsertLease, func(l *coordinationv1.Lease) { st.deleteLease(l.Name) })),
 	)
@@ -331,7 +331,7 @@ func (s *Scheduler) podArrival() func(obj any) {
 // of resource, CPU and memory (not its images, conditions or other
 // status). Of a Lease it keeps its identity, renewTime and heartbeat
 // annotation. Of anything else, all but the managed fields.
-func trimmer(resource corev1.ResourceName) cache.TransformFunc {
+func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {
 		case *corev1.Pod:
@@ -352,27 +352,7 @@ func trimmer(resource corev1.ResourceName) cache.TransformFunc {
 			p.Spec.Containers = trimContainers(o.Spec.Containers)
 			return p, nil
 		case *corev1.Node:
-			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: o.Name, UID: o.UID, ResourceVersion: o.ResourceVersion}}
-			if v, ok := o.Labels[vgpu.LabelGPUReady]; ok {
-				n.Labels = map[string]string{vgpu.LabelGPUReady: v}
-			}
-			if v, ok := o.Annotations[vgpu.AnnotationNodeInventory]; ok {
-				n.Annotations = map[string]string{vgpu.AnnotationNodeInventory: v}
-			}
-			// The registration condition and Ready, status and reason only,
-			// for the node-condition controller.
-			for _, c := range o.Status.Conditions {
-				if c.Type == vgpu.ConditionRegistered || c.Type == corev1.NodeReady {
-					n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason})
-				}
-			}
-			n.Status.Allocatable = corev1.ResourceList{}
-			for _, r := range []corev1.ResourceName{resource, corev1.ResourceCPU, corev1.ResourceMemory} {
-				if q, ok := o.Status.Allocatable[r]; ok {
-					n.Status.Allocatable[r] = q
-				}
-			}
-			return n, nil
+			return nodeMetaOf(o, resource, reuse), nil
 		case *resourcev1.ResourceClaim:
 			return trimClaim(o), nil
 		case *coordinationv1.Lease:

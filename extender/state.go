@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -94,11 +93,13 @@ type nodeState struct {
 	// it without a lookup.
 	leaseName string
 	lease     *leaseState
-	// rawInventory is the annotation value inventory and inventoryErr were
-	// parsed from; parsing happens only when it changes.
-	rawInventory string
-	inventory    vgpu.NodeInventory
-	inventoryErr error
+	// hasInventory and inventoryHash are nodeMeta's: whether the Node has
+	// the inventory annotation and which value inventory and inventoryErr
+	// were parsed from; parsing happens only when it changes.
+	hasInventory  bool
+	inventoryHash uint64
+	inventory     vgpu.NodeInventory
+	inventoryErr  error
 	// usage is what the counted pods (bound and reserved) hold.
 	usage vgpu.NodeUsage
 	// hostAllocatable is the Node's allocatable CPU and memory (nil:
@@ -173,54 +174,36 @@ func (st *clusterState) nodeLocked(name string) *nodeState {
 	return n
 }
 
-// upsertNode records a Node added or updated. The inventory is parsed only
-// when its annotation changed.
+// upsertNode records a Node added or updated, as the Node cache keeps it
+// (nodeMetaOf, with the state's parses reused).
 func (st *clusterState) upsertNode(node *corev1.Node) {
+	st.upsertNodeMeta(nodeMetaOf(node, st.resourceName, st.parsedInventory))
+}
+
+// upsertNodeMeta records a Node added or updated.
+func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	n := st.nodeLocked(node.Name)
-	wasReady, oldInventory := n.known && n.unready == nil, n.rawInventory
+	n := st.nodeLocked(m.Name)
+	wasReady := n.known && n.unready == nil
+	inventoryChanged := n.hasInventory != m.HasInventory || n.inventoryHash != m.InventoryHash
 	if !n.known {
 		st.known++
 	}
 	n.known = true
-	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
-	switch {
-	case !has:
-		n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, vgpu.ErrNoInventory
-	case raw != n.rawInventory || errors.Is(n.inventoryErr, vgpu.ErrNoInventory):
-		inv, err := vgpu.ParseNodeInventory(raw)
-		if err == nil && inv.Node != node.Name {
-			err = fmt.Errorf("%s names node %q", vgpu.AnnotationNodeInventory, inv.Node)
-			inv = vgpu.NodeInventory{}
-		}
-		n.rawInventory, n.inventory, n.inventoryErr = raw, inv, err
-	}
-	alloc := hostAllocatableOf(node)
+	n.hasInventory, n.inventoryHash, n.inventory, n.inventoryErr = m.HasInventory, m.InventoryHash, m.Inventory, m.InventoryErr
+	alloc := m.HostAllocatable
 	hostChanged := (alloc == nil) != (n.hostAllocatable == nil) || alloc != nil && *alloc != *n.hostAllocatable
 	n.hostAllocatable = alloc
-	if n.summary == nil || n.rawInventory != oldInventory || hostChanged {
+	if n.summary == nil || inventoryChanged || hostChanged {
 		st.refreshLocked(n)
 	}
-	label, hasLabel := node.Labels[vgpu.LabelGPUReady]
-	var allocatable int64
-	if q, ok := node.Status.Allocatable[st.resourceName]; ok {
-		allocatable = q.Value()
-	}
-	n.allocatable = allocatable
-	n.registered, n.kubeletReady = nil, false
-	for _, c := range node.Status.Conditions {
-		switch c.Type {
-		case vgpu.ConditionRegistered:
-			n.registered = &corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason}
-		case corev1.NodeReady:
-			n.kubeletReady = c.Status == corev1.ConditionTrue
-		}
-	}
-	n.unready = nodeUnready(n.inventoryErr, label, hasLabel, allocatable, st.resourceName)
+	n.allocatable = m.Allocatable
+	n.registered, n.kubeletReady = m.Registered, m.KubeletReady
+	n.unready = nodeUnready(n.inventoryErr, m.ReadyLabel, m.HasReadyLabel, m.Allocatable, st.resourceName)
 	switch {
 	case n.unready != nil:
-	case n.rawInventory != oldInventory:
+	case inventoryChanged:
 		st.changedLocked(n, changeInventory)
 	case !wasReady:
 		st.changedLocked(n, changeReady)
@@ -249,7 +232,7 @@ func (st *clusterState) deleteNode(name string) {
 	}
 	st.known--
 	n.known = false
-	n.rawInventory, n.inventory, n.inventoryErr = "", vgpu.NodeInventory{}, vgpu.ErrNoInventory
+	n.hasInventory, n.inventoryHash, n.inventory, n.inventoryErr = false, 0, vgpu.NodeInventory{}, vgpu.ErrNoInventory
 	st.refreshLocked(n)
 	n.unready = nodeUnready(vgpu.ErrNoInventory, "", false, 0, st.resourceName)
 }

@@ -165,7 +165,7 @@ func TestRestart(t *testing.T) {
 func TestPodHandlersMetadataOnly(t *testing.T) {
 	st := testState()
 	h := podHandlers(klog.Background(), st, nil)
-	trim := trimmer(vgpu.ResourceGPU)
+	trim := trimmer(vgpu.ResourceGPU, nil)
 	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 2000, 0).Obj()
 	counted := boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(2000), alloc)
 	bare := counted.DeepCopy()
@@ -203,7 +203,7 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 func TestPodHandlersRecreatedUnderSameName(t *testing.T) {
 	st := testState()
 	h := podHandlers(klog.Background(), st, nil)
-	trim := trimmer(vgpu.ResourceGPU)
+	trim := trimmer(vgpu.ResourceGPU, nil)
 	add := func(p *corev1.Pod) any {
 		obj, err := trim(p)
 		if err != nil {
@@ -238,7 +238,7 @@ func TestTrim(t *testing.T) {
 	pod.Annotations["kubectl.kubernetes.io/last-applied-configuration"] = "{}"
 	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "b"}}
 	pod.Status.Phase = corev1.PodRunning
-	trim := trimmer(vgpu.ResourceGPU)
+	trim := trimmer(vgpu.ResourceGPU, nil)
 	obj, err := trim(pod)
 	if err != nil {
 		t.Fatal(err)
@@ -299,20 +299,22 @@ func TestTrim(t *testing.T) {
 	}
 	full, small := testState(), testState()
 	full.upsertNode(node)
-	small.upsertNode(obj.(*corev1.Node))
+	small.upsertNodeMeta(obj.(*nodeMeta))
 	f, sm := full.nodes["n1"], small.nodes["n1"]
 	if diff := cmp.Diff(f.inventory, sm.inventory); diff != "" {
 		t.Errorf("inventory (-full +trimmed):\n%s", diff)
 	}
-	if f.known != sm.known || f.rawInventory != sm.rawInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
+	if f.known != sm.known || f.inventoryHash != sm.inventoryHash || !sm.hasInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
 		f.unready != nil || sm.unready != nil || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil ||
 		!cmp.Equal(f.registered, sm.registered) || sm.registered == nil || f.kubeletReady != sm.kubeletReady || !sm.kubeletReady {
 		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
 	}
-	trimmedNode := obj.(*corev1.Node)
-	if len(trimmedNode.Labels) != 1 || len(trimmedNode.Annotations) != 1 || len(trimmedNode.Status.Allocatable) != 2 ||
-		trimmedNode.Status.Images != nil || len(trimmedNode.Status.Conditions) != 2 || trimmedNode.Status.Conditions[0].Message != "" {
-		t.Errorf("trimmed node kept what the extender does not read: %+v", trimmedNode)
+	// The Node cache keeps the parse, not the annotation, and of the
+	// registration condition its status and reason only.
+	trimmedNode := obj.(*nodeMeta)
+	if trimmedNode.Registered == nil || trimmedNode.Registered.Message != "" || !trimmedNode.KubeletReady ||
+		trimmedNode.ReadyLabel != "true" || !trimmedNode.HasInventory || trimmedNode.InventoryErr != nil || len(trimmedNode.Inventory.GPUs) == 0 {
+		t.Errorf("trimmed node: %+v", trimmedNode)
 	}
 
 	// A heartbeat Lease keeps its renewal and heartbeat annotation: the
@@ -362,7 +364,7 @@ func testState() *clusterState {
 func TestHostFree(t *testing.T) {
 	st := testState()
 	h := podHandlers(klog.Background(), st, nil)
-	trim := trimmer(vgpu.ResourceGPU)
+	trim := trimmer(vgpu.ResourceGPU, nil)
 	obj := func(o runtime.Object) any {
 		t.Helper()
 		out, err := trim(o)
@@ -374,7 +376,7 @@ func TestHostFree(t *testing.T) {
 	node := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()).Obj()
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("32Gi")
-	st.upsertNode(obj(node).(*corev1.Node))
+	st.upsertNodeMeta(obj(node).(*nodeMeta))
 	free := func() *vgpu.HostResources {
 		st.mu.RLock()
 		defer st.mu.RUnlock()
@@ -408,5 +410,55 @@ func TestHostFree(t *testing.T) {
 	}
 	if diff := cmp.Diff(&vgpu.HostResources{CPUMilli: 8000, MemoryMiB: 32 << 10}, free()); diff != "" {
 		t.Errorf("plain pods added and deleted (-want +got):\n%s", diff)
+	}
+}
+
+// TestNodeInventoryParsedOnce checks that the Node cache shares the parse
+// the state holds while the inventory annotation does not change, parses
+// again when it does, and turns away a node whose new inventory names
+// another node.
+func TestNodeInventoryParsedOnce(t *testing.T) {
+	st := testState()
+	trim := trimmer(vgpu.ResourceGPU, st.parsedInventory)
+	meta := func(n *corev1.Node) *nodeMeta {
+		t.Helper()
+		out, err := trim(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.(*nodeMeta)
+	}
+	node := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).GPU("n1-GPU-1", 16384).Obj()).Obj()
+	first := meta(node)
+	st.upsertNodeMeta(first)
+	gen := st.nodes["n1"].gen
+
+	// A status update that leaves the annotation alone: the same parse,
+	// and no new summary.
+	again := node.DeepCopy()
+	again.ResourceVersion = "2"
+	second := meta(again)
+	if &second.Inventory.GPUs[0] != &first.Inventory.GPUs[0] {
+		t.Error("the inventory was parsed again though its annotation did not change")
+	}
+	st.upsertNodeMeta(second)
+	if n := st.nodes["n1"]; n.gen != gen || len(n.inventory.GPUs) != 2 {
+		t.Errorf("unchanged inventory: generation %d (was %d), %d GPUs", n.gen, gen, len(n.inventory.GPUs))
+	}
+
+	// A new inventory is parsed and counted.
+	grown := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).GPU("n1-GPU-1", 16384).GPU("n1-GPU-2", 16384).Obj()).Obj()
+	st.upsertNodeMeta(meta(grown))
+	if n := st.nodes["n1"]; len(n.inventory.GPUs) != 3 || n.gen == gen || n.unready != nil {
+		t.Errorf("changed inventory: %d GPUs, generation %d (was %d), unready %v", len(n.inventory.GPUs), n.gen, gen, n.unready)
+	}
+
+	// An inventory that names another node turns the node away.
+	other := vgputest.PublishedNode(vgputest.Node("n2").GPU("n2-GPU-0", 16384).Obj()).Obj()
+	wrong := grown.DeepCopy()
+	wrong.Annotations[vgpu.AnnotationNodeInventory] = other.Annotations[vgpu.AnnotationNodeInventory]
+	st.upsertNodeMeta(meta(wrong))
+	if n := st.nodes["n1"]; n.unready == nil || n.unready.reason != vgpu.ReasonMalformedInventory {
+		t.Errorf("inventory of n2 on n1: unready %+v, want %s", n.unready, vgpu.ReasonMalformedInventory)
 	}
 }
