@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -160,6 +162,11 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("informers")
 	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName), s.state.parsedInventory)
 	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
+	// The pod cache without the factory's namespace index: the extender
+	// reads pods by key only, and the index costs a set entry per pod.
+	cluster.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredPodInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
 	// Only the heartbeat Leases: the kubelets' node Leases share the
 	// namespace and are renewed every 10 s each.
 	leases := informers.NewSharedInformerFactoryWithOptions(s.client, 0,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unique"
 )
 
 // The annotation and label protocol between gpuslice's components. Every key
@@ -169,19 +170,24 @@ func ParseNodeInventory(s string) (NodeInventory, error) {
 		n.Enforcement = Enforcement(*w.Enforcement)
 	}
 	r.slice(w.GPUs == nil, "gpus")
+	if len(w.GPUs) > 0 {
+		n.GPUs = make([]GPU, 0, len(w.GPUs))
+	}
 	for i, g := range w.GPUs {
 		p := fmt.Sprintf("gpus[%d].", i)
 		n.GPUs = append(n.GPUs, GPU{
 			UUID:                 need(&r, g.UUID, p+"uuid"),
 			Index:                need(&r, g.Index, p+"index"),
 			Minor:                need(&r, g.Minor, p+"minor"),
-			Model:                need(&r, g.Model, p+"model"),
+			// Models and health repeat across GPUs and nodes: one copy
+			// each for a scheduler that keeps thousands of inventories.
+			Model:                unique.Make(need(&r, g.Model, p+"model")).Value(),
 			TotalMemoryMiB:       need(&r, g.TotalMemoryMiB, p+"totalMemoryMiB"),
 			SchedulableMemoryMiB: need(&r, g.SchedulableMemoryMiB, p+"schedulableMemoryMiB"),
 			CoresPercent:         need(&r, g.CoresPercent, p+"coresPercent"),
 			NUMANode:             need(&r, g.NUMANode, p+"numaNode"),
 			PCIBusID:             need(&r, g.PCIBusID, p+"pciBusID"),
-			Health:               Health(need(&r, g.Health, p+"health")),
+			Health:               Health(unique.Make(need(&r, g.Health, p+"health")).Value()),
 		})
 	}
 	if err := r.check(n.Validate()); err != nil {
