@@ -151,11 +151,11 @@ type Config struct {
 type FilterResult string
 
 const (
-	// FilterResultBest passes only the nodes in the best tier of the node
-	// policy's score: the score rendered 0..10 as Prioritize renders it,
-	// every node of that tier. kube-scheduler's own score plugins choose
+	// FilterResultBest passes only the nodes of the best node-policy
+	// score (vgpu.Score's Value, 0..100, finer than Prioritize's 0..10),
+	// every node of that score. kube-scheduler's own score plugins choose
 	// among them, and its profile needs no prioritizeVerb: one HTTP round
-	// trip per pod instead of two, the same choice within a tier.
+	// trip per pod instead of two.
 	FilterResultBest FilterResult = "best"
 	// FilterResultFeasible passes every node where the pod fits; the profile's prioritizeVerb
 	// scores them (0..10) and kube-scheduler adds its own plugins' scores to choose.

@@ -127,10 +127,12 @@ func podDemandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
 // verdict is the outcome for one node.
 type verdict struct {
 	// fits is true when the pod fits; score is then its node score scaled
-	// to kube-scheduler's range (its tier), and, for a bind, allocation is
-	// set.
+	// to kube-scheduler's range (Prioritize's answer), value the score
+	// itself (vgpu.Score's Value, Filter's best tier), and, for a bind,
+	// allocation is set.
 	fits       bool
 	score      int64
+	value      int
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
 	// found without one (vgpu.FitOptions.ReasonOnly); container then names
@@ -216,7 +218,8 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 // gets its scaled score, and its allocation when it has containers.
 func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
-		v := verdict{fits: true, score: scaleScore(vgpu.Score(p).Value)}
+		value := vgpu.Score(p).Value
+		v := verdict{fits: true, score: scaleScore(value), value: value}
 		if len(p.Allocation.Containers) > 0 {
 			a := p.Allocation
 			v.allocation = &a

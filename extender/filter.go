@@ -38,8 +38,8 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 
 // Filter keeps the candidate nodes where the pod fits now, for
 // kube-scheduler's filterVerb; with Config.FilterResult best (the default)
-// only those of them in the best tier of the node policy's score (the score
-// rendered 0..10 as Prioritize renders it): the others are left out of the
+// only those of them of the best node-policy score (vgpu.Score's Value,
+// 0..100, finer than Prioritize's 0..10): the others are left out of the
 // answer, neither passed nor failed. The answer has the same form as the
 // question: NodeNames when args had NodeNames (nodeCacheCapable), else
 // Nodes with the passing items of args.Nodes. Nodes turned away are in
@@ -92,7 +92,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			verdicts[i] = verdict{fits: true}
 		}
 	}
-	tier := int64(-1) // every fitting node passes
+	tier := -1 // every fitting node passes
 	if s.cfg.FilterResult == FilterResultBest {
 		tier = bestTier(verdicts)
 	}
@@ -101,7 +101,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	var nPassed, nFailed, nUnresolvable int
 	for i := range verdicts {
 		switch v := &verdicts[i]; {
-		case v.fits && v.score >= tier:
+		case v.fits && v.value >= tier:
 			nPassed++
 		case v.fits:
 		case v.unresolvable:
@@ -120,7 +120,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
 		if v.fits {
-			if v.score < tier {
+			if v.value < tier {
 				// Fits, but scores below the best tier: left out, not failed.
 				continue
 			}
@@ -178,13 +178,13 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	return result, nil
 }
 
-// bestTier returns the best scaled score (0..extenderv1.MaxExtenderPriority,
-// as Prioritize answers) among the fitting verdicts; -1 when none fits.
-func bestTier(verdicts []verdict) int64 {
-	best := int64(-1)
+// bestTier returns the best score value (vgpu.Score's Value, 0..100) among
+// the fitting verdicts; -1 when none fits.
+func bestTier(verdicts []verdict) int {
+	best := -1
 	for i := range verdicts {
 		if v := &verdicts[i]; v.fits {
-			best = max(best, v.score)
+			best = max(best, v.value)
 		}
 	}
 	return best

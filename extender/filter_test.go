@@ -216,8 +216,9 @@ func TestFilterFitRejection(t *testing.T) {
 }
 
 // TestFilterResult checks which fitting nodes Filter passes: with
-// FilterResultBest only the best score tier under the node policy (every
-// node of it, in input order), with FilterResultFeasible all of them; nodes
+// FilterResultBest only the nodes of the best score under the node policy
+// (every node of it, in input order; the score at vgpu.Score's resolution,
+// finer than Prioritize's 0..10), with FilterResultFeasible all of them; nodes
 // left out are not failed, and failed nodes are failed alike in both.
 func TestFilterResult(t *testing.T) {
 	_, a := gpuNode("a", 1, 16384)
@@ -225,13 +226,16 @@ func TestFilterResult(t *testing.T) {
 	_, c := gpuNode("c", 1, 16384)
 	full, d := gpuNode("d", 1, 16384)
 	_, eObjs := gpuNode("e", 1, 16384)
-	onC := vgputest.Allocation("c").Container("main").Slice("c-GPU-0", 4096, 0).Obj()
+	_, fObjs := gpuNode("f", 1, 16384)
+	onC := vgputest.Allocation("c").Container("main").Slice("c-GPU-0", 4915, 0).Obj()
 	onD := vgputest.Allocation("d").Container("main").Slice("d-GPU-0", 16000, 0).Obj()
-	onE := vgputest.Allocation("e").Container("main").Slice("e-GPU-0", 4500, 0).Obj()
-	objs := objects(a, b, c, d, eObjs, []runtime.Object{
-		boundPod(vgputest.Pod("on-c").Container("main").GPU(1).MemoryMiB(4096), onC),
+	onE := vgputest.Allocation("e").Container("main").Slice("e-GPU-0", 4915, 0).Obj()
+	onF := vgputest.Allocation("f").Container("main").Slice("f-GPU-0", 4260, 0).Obj()
+	objs := objects(a, b, c, d, eObjs, fObjs, []runtime.Object{
+		boundPod(vgputest.Pod("on-c").Container("main").GPU(1).MemoryMiB(4915), onC),
 		boundPod(vgputest.Pod("on-d").Container("main").GPU(1).MemoryMiB(16000), onD),
-		boundPod(vgputest.Pod("on-e").Container("main").GPU(1).MemoryMiB(4500), onE),
+		boundPod(vgputest.Pod("on-e").Container("main").GPU(1).MemoryMiB(4915), onE),
+		boundPod(vgputest.Pod("on-f").Container("main").GPU(1).MemoryMiB(4260), onF),
 	})
 	pod := slicePod("p", 8192)
 	for _, tc := range []struct {
@@ -239,26 +243,27 @@ func TestFilterResult(t *testing.T) {
 		policy vgpu.Policy
 		want   []string
 	}{
-		// c and e are 75% and 77.5% used after the pod: tier 8 of 10 both.
+		// c and e are 80% used after the pod, both; f 76%, which
+		// Prioritize's 0..10 puts in their tier (8 of 10).
 		{FilterResultBest, vgpu.PolicyBinpack, []string{"c", "e"}},
 		{FilterResultBest, vgpu.PolicySpread, []string{"b", "a"}},
-		{FilterResultFeasible, vgpu.PolicyBinpack, []string{"b", "c", "e", "a"}},
-		{FilterResultFeasible, vgpu.PolicySpread, []string{"b", "c", "e", "a"}},
+		{FilterResultFeasible, vgpu.PolicyBinpack, []string{"b", "c", "e", "f", "a"}},
+		{FilterResultFeasible, vgpu.PolicySpread, []string{"b", "c", "e", "f", "a"}},
 	} {
 		t.Run(string(tc.result)+"/"+string(tc.policy), func(t *testing.T) {
 			cfg := testConfig()
 			cfg.FilterResult, cfg.NodePolicy = tc.result, tc.policy
 			e := newEnv(t, cfg, objs...)
 			waitFor(t, "bound pods counted", func() bool {
-				return e.s.NodeUsage("c").GPU("c-GPU-0").MemoryMiB == 4096 && e.s.NodeUsage("d").GPU("d-GPU-0").MemoryMiB == 16000 &&
-					e.s.NodeUsage("e").GPU("e-GPU-0").MemoryMiB == 4500
+				return e.s.NodeUsage("c").GPU("c-GPU-0").MemoryMiB == 4915 && e.s.NodeUsage("d").GPU("d-GPU-0").MemoryMiB == 16000 &&
+					e.s.NodeUsage("e").GPU("e-GPU-0").MemoryMiB == 4915 && e.s.NodeUsage("f").GPU("f-GPU-0").MemoryMiB == 4260
 			})
 			want := extenderv1.ExtenderFilterResult{
 				NodeNames:                  &tc.want,
 				FailedNodes:                extenderv1.FailedNodesMap{"d": needMessage(t, pod, full, vgputest.Usage(onD))},
 				FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
 			}
-			if diff := cmp.Diff(want, e.filter(pod, "b", "c", "d", "e", "a")); diff != "" {
+			if diff := cmp.Diff(want, e.filter(pod, "b", "c", "d", "e", "f", "a")); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
