@@ -175,12 +175,12 @@ func ParseNodeInventory(s string) (NodeInventory, error) {
 	}
 	for i, g := range w.GPUs {
 		p := fmt.Sprintf("gpus[%d].", i)
+		// Models and health repeat across GPUs and nodes: one copy each
+		// (unique) for a scheduler that keeps thousands of inventories.
 		n.GPUs = append(n.GPUs, GPU{
 			UUID:                 need(&r, g.UUID, p+"uuid"),
 			Index:                need(&r, g.Index, p+"index"),
 			Minor:                need(&r, g.Minor, p+"minor"),
-			// Models and health repeat across GPUs and nodes: one copy
-			// each for a scheduler that keeps thousands of inventories.
 			Model:                unique.Make(need(&r, g.Model, p+"model")).Value(),
 			TotalMemoryMiB:       need(&r, g.TotalMemoryMiB, p+"totalMemoryMiB"),
 			SchedulableMemoryMiB: need(&r, g.SchedulableMemoryMiB, p+"schedulableMemoryMiB"),
