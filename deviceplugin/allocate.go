@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -75,13 +76,16 @@ type allocator struct {
 	// live lists the node's pods from the API server itself (API.NodePods),
 	// to confirm at each container start that the view's pod of that name
 	// is the pod the API server has now; nil trusts the view.
-	live   cache.ListerWithContext
-	lister podLister     // the kubelet's PodResources (coalesced)
-	events eventRecorder // nil: no events
-	claims *claimStore
-	clock  clock.WithTicker
-	t      timings
-	logger klog.Logger
+	live cache.ListerWithContext
+	// liveCalls shares live's lists among concurrent callers (livePods);
+	// nil lists once per call.
+	liveCalls *shared[[]*corev1.Pod]
+	lister    podLister     // the kubelet's PodResources (coalesced)
+	events    eventRecorder // nil: no events
+	claims    *claimStore
+	clock     clock.WithTicker
+	t         timings
+	logger    klog.Logger
 	// metrics counts Allocate and PreStartContainer results; nil counts
 	// nothing.
 	metrics *pluginMetrics

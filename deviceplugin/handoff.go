@@ -63,6 +63,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		view.start(ctx)
 		a.pods = view
 		a.live = cache.ToListerWithContext(p.opts.Client.NodePods(p.cfg.NodeName))
+		a.liveCalls = newShared(a.listLive, podListTimeout, "list the node's pods")
 		a.events = p.events
 		stops = append(stops, view.stop)
 	} else {

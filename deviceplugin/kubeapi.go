@@ -44,7 +44,15 @@ type restAPI struct {
 	core, leases *rest.RESTClient
 }
 
-// NewAPI returns the API over cfg. It makes no request.
+// clientQPS and clientBurst are the API client's limits when cfg sets
+// none: the kubelet's defaults (kubeAPIQPS, kubeAPIBurst).
+const (
+	clientQPS   = 50
+	clientBurst = 100
+)
+
+// NewAPI returns the API over cfg. It makes no request. A cfg without
+// client limits gets clientQPS and clientBurst.
 func NewAPI(cfg *rest.Config) (API, error) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -60,6 +68,13 @@ func NewAPI(cfg *rest.Config) (API, error) {
 	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
 	client := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
 		c := rest.CopyConfig(cfg)
+		if c.QPS == 0 && c.Burst == 0 && c.RateLimiter == nil {
+			// The kubelet's own client limits, not client-go's 5/10: each
+			// container start confirms its pod with one list of the node's
+			// pods, and a burst of 40 starts on one node would otherwise
+			// queue behind the limiter for seconds.
+			c.QPS, c.Burst = clientQPS, clientBurst
+		}
 		c.APIPath = apiPath
 		c.GroupVersion = &gv
 		c.NegotiatedSerializer = codecs

@@ -56,68 +56,87 @@ func (c *podResourcesClient) List(ctx context.Context) ([]*podresourcesapi.PodRe
 	return resp.GetPodResources(), nil
 }
 
-// coalescingLister shares List calls among concurrent callers: a caller
-// joins the next call to start, never one already in flight, so every
-// answer is at least as fresh as the moment it was asked for. While one
-// call runs, everyone who asks meanwhile waits for a single follow-up
-// call. This keeps a burst of container starts under the kubelet's rate
-// limit (100/s, burst 10, shared by all clients).
+// coalescingLister shares PodResources List calls among concurrent
+// callers (shared): this keeps a burst of container starts under the
+// kubelet's rate limit (100/s, burst 10, shared by all clients).
 type coalescingLister struct {
-	inner podLister
-
-	mu      sync.Mutex
-	running bool
-	next    *listCall // the call the next waiters share; nil when none waits
-}
-
-type listCall struct {
-	done    chan struct{}
-	waiters int // callers sharing this call; guarded by coalescingLister.mu
-	pods    []*podresourcesapi.PodResources
-	err     error
+	calls *shared[[]*podresourcesapi.PodResources]
 }
 
 func newCoalescingLister(inner podLister) *coalescingLister {
-	return &coalescingLister{inner: inner}
+	return &coalescingLister{calls: newShared(inner.List, podListTimeout, "PodResources List")}
 }
 
 // List returns the result of a List call that started after List was
-// called, or ctx's error. The shared call itself is bounded by
-// podListTimeout and does not end with any one caller's ctx.
+// called, or ctx's error (see shared.do).
 func (l *coalescingLister) List(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
-	l.mu.Lock()
-	if l.next == nil {
-		l.next = &listCall{done: make(chan struct{})}
+	return l.calls.do(ctx)
+}
+
+// shared shares the calls of fn among concurrent callers: a caller joins
+// the next call to start, never one already in flight, so every answer is
+// at least as fresh as the moment it was asked for. While one call runs,
+// everyone who asks meanwhile waits for a single follow-up call. Answers
+// are shared: callers must not modify them.
+type shared[T any] struct {
+	fn      func(context.Context) (T, error)
+	timeout time.Duration
+	what    string // names the call in a caller's context error
+
+	mu      sync.Mutex
+	running bool
+	next    *sharedCall[T] // the call the next waiters share; nil when none waits
+}
+
+type sharedCall[T any] struct {
+	done    chan struct{}
+	waiters int // callers sharing this call; guarded by shared.mu
+	val     T
+	err     error
+}
+
+func newShared[T any](fn func(context.Context) (T, error), timeout time.Duration, what string) *shared[T] {
+	return &shared[T]{fn: fn, timeout: timeout, what: what}
+}
+
+// do returns the result of a call of fn that started after do was called,
+// or ctx's error. The shared call itself is bounded by the timeout and does
+// not end with any one caller's ctx.
+func (c *shared[T]) do(ctx context.Context) (T, error) {
+	c.mu.Lock()
+	if c.next == nil {
+		c.next = &sharedCall[T]{done: make(chan struct{})}
 	}
-	call := l.next
+	call := c.next
 	call.waiters++
-	if !l.running {
-		l.running = true
-		go l.loop(context.WithoutCancel(ctx))
+	if !c.running {
+		c.running = true
+		go c.loop(context.WithoutCancel(ctx))
 	}
-	l.mu.Unlock()
+	c.mu.Unlock()
 	select {
 	case <-call.done:
-		return call.pods, call.err
+		return call.val, call.err
 	case <-ctx.Done():
-		return nil, fmt.Errorf("PodResources List: %w", ctx.Err())
+		var zero T
+		return zero, fmt.Errorf("%s: %w", c.what, ctx.Err())
 	}
 }
 
 // loop runs the waiting calls one after another until none waits.
-func (l *coalescingLister) loop(ctx context.Context) {
+func (c *shared[T]) loop(ctx context.Context) {
 	for {
-		l.mu.Lock()
-		call := l.next
+		c.mu.Lock()
+		call := c.next
 		if call == nil {
-			l.running = false
-			l.mu.Unlock()
+			c.running = false
+			c.mu.Unlock()
 			return
 		}
-		l.next = nil
-		l.mu.Unlock()
-		callCtx, cancel := context.WithTimeout(ctx, podListTimeout)
-		call.pods, call.err = l.inner.List(callCtx)
+		c.next = nil
+		c.mu.Unlock()
+		callCtx, cancel := context.WithTimeout(ctx, c.timeout)
+		call.val, call.err = c.fn(callCtx)
 		cancel()
 		close(call.done)
 	}

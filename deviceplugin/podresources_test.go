@@ -78,9 +78,9 @@ func TestCoalescingLister(t *testing.T) {
 		})
 	}
 	err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.next != nil && l.next.waiters == followers, nil
+		l.calls.mu.Lock()
+		defer l.calls.mu.Unlock()
+		return l.calls.next != nil && l.calls.next.waiters == followers, nil
 	})
 	if err != nil {
 		t.Fatalf("followers did not queue behind the running call: %v", err)

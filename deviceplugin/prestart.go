@@ -199,8 +199,19 @@ func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.P
 }
 
 // livePods reads the pods bound to this node from the API server: a
-// consistent list, for when the view may lag.
+// consistent list, for when the view may lag, made after the call began.
+// Concurrent calls (a burst of container starts) share lists (shared), so
+// that they neither queue behind the API client's rate limit nor load the
+// API server with one list each. The pods are shared: read only.
 func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
+	if a.liveCalls != nil {
+		return a.liveCalls.do(ctx)
+	}
+	return a.listLive(ctx)
+}
+
+// listLive is one list of livePods.
+func (a *allocator) listLive(ctx context.Context) ([]*corev1.Pod, error) {
 	obj, err := a.live.ListWithContext(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list the pods of node %s: %w", a.cfg.NodeName, err)
