@@ -604,15 +604,22 @@ func usable(t *WorkloadClass, g *GPU, u GPUUsage, split int) bool {
 			return false
 		}
 	}
+	return shapeFits(t, g.SchedulableMemoryMiB, g.CoresPercent, u, split)
+}
+
+// shapeFits is usable but for the model filter: whether shape t (with
+// GPUs) could take a slice of a GPU offering schedulableMiB and coresCap
+// and holding u.
+func shapeFits(t *WorkloadClass, schedulableMiB int64, coresCap int, u GPUUsage, split int) bool {
 	if t.Exclusive {
-		return u == (GPUUsage{}) && g.SchedulableMemoryMiB > 0 && g.CoresPercent >= t.CoresPercent
+		return u == (GPUUsage{}) && schedulableMiB > 0 && coresCap >= t.CoresPercent
 	}
 	need := t.MemoryMiB
 	if need == 0 {
-		need = g.SchedulableMemoryMiB * int64(t.MemoryPercent) / MaxPercent
+		need = schedulableMiB * int64(t.MemoryPercent) / MaxPercent
 	}
 	return u.Exclusive == 0 && u.Slices < split && need > 0 &&
-		u.MemoryMiB+need <= g.SchedulableMemoryMiB && u.CoresPercent+t.CoresPercent <= g.CoresPercent
+		u.MemoryMiB+need <= schedulableMiB && u.CoresPercent+t.CoresPercent <= coresCap
 }
 
 // stats fills m.cnt and m.sum for the node as s holds it now. GPUs the
@@ -715,30 +722,40 @@ func (m *fragModel) delta(s *fitState, gi int, before, after GPUUsage) float64 {
 	var d float64
 	for si := range m.w.shapes {
 		t := &m.w.shapes[si]
-		cnt0, cnt, sum := m.cnt[si], m.cnt[si], m.sum[si]
-		var old float64
-		if cnt >= t.GPUs {
-			old = sum
-		}
-		if free0 > 0 && usable(t, g, before, split) {
-			cnt--
-			sum -= free0
-		}
-		if free1 > 0 && usable(t, g, after, split) {
-			cnt++
-			sum += free1
-		}
-		var now float64
-		if cnt >= t.GPUs {
-			now = sum
-		}
-		if weight.capped == nil {
-			d -= weight.full[si] * (now - old)
-			continue
-		}
-		d -= weight.at(t, si, cnt)*now - weight.at(t, si, cnt0)*old
+		left := free0 > 0 && usable(t, g, before, split)
+		joins := free1 > 0 && usable(t, g, after, split)
+		d -= weight.usableChange(t, si, m.cnt[si], m.sum[si], free0, left, free1, joins)
 	}
 	// Every class sees the change of free capacity; those that can use it
 	// got it back above.
 	return d + (free1 - free0)
+}
+
+// usableChange is how much the weighed free capacity shape si can use
+// changes when one GPU leaves its cnt usable GPUs of free capacity sum
+// (left: with free0 of it) and joins them again (joins: with free1): what
+// fragModel.delta and NodeSummary.cellDelta subtract per shape. 0 when the
+// GPU neither left nor joined.
+func (sw *shapeWeights) usableChange(t *WorkloadClass, si, cnt int, sum, free0 float64, left bool, free1 float64, joins bool) float64 {
+	cnt0 := cnt
+	var old float64
+	if cnt >= t.GPUs {
+		old = sum
+	}
+	if left {
+		cnt--
+		sum -= free0
+	}
+	if joins {
+		cnt++
+		sum += free1
+	}
+	var now float64
+	if cnt >= t.GPUs {
+		now = sum
+	}
+	if sw.capped == nil {
+		return sw.full[si] * (now - old)
+	}
+	return sw.at(t, si, cnt)*now - sw.at(t, si, cnt0)*old
 }

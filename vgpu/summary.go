@@ -355,8 +355,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 			p.UsedAfter += cell.share
 			continue
 		}
-		after := GPUUsage{MemoryMiB: cell.memMiB, CoresPercent: cell.cores, Slices: cell.slices, Exclusive: cell.exclusive}.add(bestUse, 1)
-		p.UsedAfter += shareOf(after, cell.schedulableMiB, cell.coresCap, split)
+		p.UsedAfter += shareOf(cell.usage().add(bestUse, 1), cell.schedulableMiB, cell.coresCap, split)
 	}
 	p.UsedBefore = s.usedBefore
 	if p.NodePolicy == PolicyFragmentation {
@@ -377,7 +376,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 // mask can change the measure.
 func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeights) float64 {
 	split := s.inv.SplitCount
-	after := GPUUsage{MemoryMiB: cell.memMiB, CoresPercent: cell.cores, Slices: cell.slices, Exclusive: cell.exclusive}.add(use, 1)
+	after := cell.usage().add(use, 1)
 	free0 := 1 - cell.share // fragSummary.free
 	free1 := 1 - shareOf(after, cell.schedulableMiB, cell.coresCap, split)
 	f := s.frag
@@ -385,47 +384,17 @@ func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeight
 	for mask := cell.mask; mask != 0; mask &= mask - 1 {
 		si := bits.TrailingZeros64(mask)
 		t := &s.w.shapes[si]
-		cnt0, cnt, sum := f.cnt[si], f.cnt[si], f.sum[si]
-		var old float64
-		if cnt >= t.GPUs {
-			old = sum
-		}
-		if free0 > 0 {
-			cnt--
-			sum -= free0
-		}
-		if free1 > 0 && cellUsable(t, cell, after, split) {
-			cnt++
-			sum += free1
-		}
-		var now float64
-		if cnt >= t.GPUs {
-			now = sum
-		}
-		if weight.capped == nil {
-			d -= weight.full[si] * (now - old)
-			continue
-		}
-		d -= weight.at(t, si, cnt)*now - weight.at(t, si, cnt0)*old
+		// The mask says the shape could use the GPU before, so its model
+		// passes and only the capacity after is left to check.
+		joins := free1 > 0 && (t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split))
+		d -= weight.usableChange(t, si, f.cnt[si], f.sum[si], free0, free0 > 0, free1, joins)
 	}
 	return d + (free1 - free0)
 }
 
-// cellUsable is usable for shape t on cell holding u, for a shape that
-// could take a slice of the cell's GPU with less held (its model passes).
-func cellUsable(t *WorkloadClass, cell *gpuCell, u GPUUsage, split int) bool {
-	if t.GPUs == 0 {
-		return true
-	}
-	if t.Exclusive {
-		return u == (GPUUsage{}) && cell.schedulableMiB > 0 && cell.coresCap >= t.CoresPercent
-	}
-	need := t.MemoryMiB
-	if need == 0 {
-		need = cell.schedulableMiB * int64(t.MemoryPercent) / MaxPercent
-	}
-	return u.Exclusive == 0 && u.Slices < split && need > 0 &&
-		u.MemoryMiB+need <= cell.schedulableMiB && u.CoresPercent+t.CoresPercent <= cell.coresCap
+// usage is what the node's pods hold on the cell's GPU.
+func (c *gpuCell) usage() GPUUsage {
+	return GPUUsage{MemoryMiB: c.memMiB, CoresPercent: c.cores, Slices: c.slices, Exclusive: c.exclusive}
 }
 
 // alike returns the position in seen of a cell that is alike cell i (same
