@@ -243,53 +243,20 @@ func declaresPort(pod corev1.PodSpec, name string) bool {
 	return false
 }
 
-// webhookHAMiCompat reports whether the rendered webhook configuration (the webhook.yaml
-// key of a ConfigMap) turns HAMiCompat on.
-func webhookHAMiCompat(t *testing.T, r rendered) bool {
+// webhookConfig is the rendered webhook configuration (the webhook.yaml key of a ConfigMap), the
+// zero value when the chart renders none.
+func webhookConfig(t *testing.T, r rendered) webhook.ServerConfig {
 	t.Helper()
-	for _, cm := range all[*corev1.ConfigMap](r) {
-		data, ok := cm.Data["webhook.yaml"]
-		if !ok {
-			continue
-		}
-		var cfg webhook.ServerConfig
-		if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
-			t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
-		}
-		return cfg.HAMiCompat
-	}
-	return false
-}
-
-// webhookDRA reports whether the rendered webhook configuration turns pods into claims.
-func webhookDRA(t *testing.T, r rendered) bool {
-	t.Helper()
+	var cfg webhook.ServerConfig
 	for _, cm := range all[*corev1.ConfigMap](r) {
 		if data, ok := cm.Data["webhook.yaml"]; ok {
-			var cfg webhook.ServerConfig
 			if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
 				t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
 			}
-			return cfg.DRA.Enabled
+			return cfg
 		}
 	}
-	return false
-}
-
-// webhookSteerClaims reports whether the rendered webhook configuration steers pods with claims
-// of their own to the gpuslice profile.
-func webhookSteerClaims(t *testing.T, r rendered) bool {
-	t.Helper()
-	for _, cm := range all[*corev1.ConfigMap](r) {
-		if data, ok := cm.Data["webhook.yaml"]; ok {
-			var cfg webhook.ServerConfig
-			if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
-				t.Errorf("ConfigMap %s key webhook.yaml: %v", cm.Name, err)
-			}
-			return cfg.DRA.SteerClaims
-		}
-	}
-	return false
+	return cfg
 }
 
 // checkWebhookConfigurations checks every mutating webhook: it never sees kube-system or the
@@ -298,6 +265,7 @@ func webhookSteerClaims(t *testing.T, r rendered) bool {
 // DRA conversion), a
 // timeout the API server accepts, and a CA (a caBundle, or cert-manager's injection).
 func checkWebhookConfigurations(t *testing.T, r rendered) {
+	cfg := webhookConfig(t, r)
 	for _, mwc := range all[*admissionregistrationv1.MutatingWebhookConfiguration](r) {
 		injected := mwc.Annotations["cert-manager.io/inject-ca-from"] != ""
 		for _, wh := range mwc.Webhooks {
@@ -309,10 +277,10 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 				}
 			}
 			want, wantName := webhook.MatchConditions(), "webhook.MatchConditions"
-			if webhookHAMiCompat(t, r) {
+			if cfg.HAMiCompat {
 				want, wantName = webhook.HAMiCompatMatchConditions(), "webhook.HAMiCompatMatchConditions (webhook.hamiCompat)"
 			}
-			if webhookSteerClaims(t, r) {
+			if cfg.DRA.SteerClaims {
 				want, wantName = webhook.WithClaims(want), "webhook.WithClaims("+wantName+") (dra.webhook.steerClaims)"
 			}
 			if diff := cmp.Diff(want, wh.MatchConditions); diff != "" {
@@ -320,7 +288,7 @@ func checkWebhookConfigurations(t *testing.T, r rendered) {
 			}
 			// With DRA conversion the webhook creates claim templates, never on a dry run.
 			wantEffects := admissionregistrationv1.SideEffectClassNone
-			if webhookDRA(t, r) {
+			if cfg.DRA.Enabled {
 				wantEffects = admissionregistrationv1.SideEffectClassNoneOnDryRun
 			}
 			if wh.SideEffects == nil || *wh.SideEffects != wantEffects {
