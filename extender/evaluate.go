@@ -126,12 +126,10 @@ func podDemandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
 
 // verdict is the outcome for one node.
 type verdict struct {
-	// fits is true when the pod fits; score is then its node score scaled
-	// to kube-scheduler's range (Prioritize's answer), value the score
-	// itself (vgpu.Score's Value, Filter's best tier), and, for a bind,
-	// allocation is set.
+	// fits is true when the pod fits; value is then its node score
+	// (vgpu.Score's Value: Filter's best tier, and Prioritize's answer
+	// once scaled), and, for a bind, allocation is set.
 	fits       bool
-	score      int64
 	value      int
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
@@ -218,8 +216,7 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 // gets its scaled score, and its allocation when it has containers.
 func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
-		value := vgpu.Score(p).Value
-		v := verdict{fits: true, score: scaleScore(value), value: value}
+		v := verdict{fits: true, value: vgpu.Score(p).Value}
 		if len(p.Allocation.Containers) > 0 {
 			a := p.Allocation
 			v.allocation = &a
@@ -292,11 +289,7 @@ func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool)
 	if n.heartbeatFine && now.Sub(n.heartbeatRenewed) <= s.cfg.HeartbeatMaxAge.Duration {
 		return verdict{}, true // what HeartbeatReadiness says of a fresh, sound heartbeat
 	}
-	h := vgpu.Heartbeat{}
-	if l := n.lease; l != nil {
-		h = vgpu.Heartbeat{Exists: true, RenewTime: l.renewTime, Raw: l.raw, Parsed: l.heartbeat, Err: l.heartbeatErr}
-	}
-	if r := vgpu.HeartbeatReadiness(h, now, s.cfg.HeartbeatMaxAge.Duration, s.cfg.HeartbeatNamespace); !r.Ready() {
+	if r := vgpu.HeartbeatReadiness(n.heartbeat(), now, s.cfg.HeartbeatMaxAge.Duration, s.cfg.HeartbeatNamespace); !r.Ready() {
 		return unreadyVerdict(r), false
 	}
 	return verdict{}, true

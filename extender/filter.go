@@ -98,32 +98,24 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	}
 	// The answer's parts are sized from a count first: with thousands of
 	// nodes they are most of what one Filter allocates.
-	var nPassed, nFailed, nUnresolvable int
+	var n [outcomes]int
 	for i := range verdicts {
-		switch v := &verdicts[i]; {
-		case v.fits && v.value >= tier:
-			nPassed++
-		case v.fits:
-		case v.unresolvable:
-			nUnresolvable++
-		default:
-			nFailed++
-		}
+		n[outcomeOf(&verdicts[i], tier)]++
 	}
 	result := &extenderv1.ExtenderFilterResult{
-		FailedNodes:                make(extenderv1.FailedNodesMap, nFailed),
-		FailedAndUnresolvableNodes: make(extenderv1.FailedNodesMap, nUnresolvable),
+		FailedNodes:                make(extenderv1.FailedNodesMap, n[outcomeFailed]),
+		FailedAndUnresolvableNodes: make(extenderv1.FailedNodesMap, n[outcomeUnresolvable]),
 	}
-	passed := make([]string, 0, nPassed)
+	passed := make([]string, 0, n[outcomePassed])
 	var items []corev1.Node
 	counts := map[vgpu.Reason]int64{}
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
-		if v.fits {
-			if v.value < tier {
-				// Fits, but scores below the best tier: left out, not failed.
-				continue
-			}
+		outcome := outcomeOf(&v, tier)
+		switch outcome {
+		case outcomeLeftOut:
+			continue
+		case outcomePassed:
 			passed = append(passed, names[i])
 			if args.NodeNames == nil {
 				items = append(items, args.Nodes.Items[i])
@@ -140,7 +132,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 				needs[k] = msg
 			}
 		}
-		if v.unresolvable {
+		if outcome == outcomeUnresolvable {
 			result.FailedAndUnresolvableNodes[names[i]] = msg
 		} else {
 			result.FailedNodes[names[i]] = msg
@@ -178,6 +170,36 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	return result, nil
 }
 
+// filterOutcome is where Filter's answer puts a node, by its verdict.
+type filterOutcome int
+
+const (
+	// outcomePassed: the pod fits and the node is of the best tier.
+	outcomePassed filterOutcome = iota
+	// outcomeLeftOut: the pod fits, but the node scores below the best
+	// tier; neither passed nor failed.
+	outcomeLeftOut
+	// outcomeFailed and outcomeUnresolvable: in FailedNodes and in
+	// FailedAndUnresolvableNodes.
+	outcomeFailed
+	outcomeUnresolvable
+	outcomes // how many there are
+)
+
+// outcomeOf is v's outcome when the best tier is tier (-1: every fitting
+// node passes).
+func outcomeOf(v *verdict, tier int) filterOutcome {
+	switch {
+	case v.fits && v.value >= tier:
+		return outcomePassed
+	case v.fits:
+		return outcomeLeftOut
+	case v.unresolvable:
+		return outcomeUnresolvable
+	}
+	return outcomeFailed
+}
+
 // bestTier returns the best score value (vgpu.Score's Value, 0..100) among
 // the fitting verdicts; -1 when none fits.
 func bestTier(verdicts []verdict) int {
@@ -213,7 +235,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	}
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
-			list[i].Score = v.score
+			list[i].Score = scaleScore(v.value)
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)

@@ -333,11 +333,13 @@ func (s *Scheduler) podArrival() func(obj any) {
 // names, resources and restart policies. Every other pod — most pods of a
 // cluster, which the extender never binds — becomes a podMeta: its
 // identity, node, whether it finished and its CPU and memory request, a
-// fifth of the size of an empty corev1.Pod. Of a Node it keeps its
-// identity, the ready label, the inventory annotation and the allocatable
-// of resource, CPU and memory (not its images, conditions or other
-// status). Of a Lease it keeps its identity, renewTime and heartbeat
-// annotation. Of anything else, all but the managed fields.
+// fifth of the size of an empty corev1.Pod. A Node becomes a nodeMeta
+// (nodeMetaOf): its identity, the ready label, the inventory parsed (reuse
+// shares the state's parse while the annotation is unchanged; nil: parse
+// each time), the allocatable of resource, CPU and memory and the status
+// and reason of its Ready and registration conditions. Of a Lease it keeps
+// its identity, renewTime and heartbeat annotation. Of anything else, all
+// but the managed fields.
 func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {

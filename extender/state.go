@@ -284,12 +284,20 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 
 // syncHeartbeat copies what readinessLocked reads of n's Lease into n.
 func (n *nodeState) syncHeartbeat() {
+	h := n.heartbeat()
+	// Judged at its own renewal, a heartbeat is as fresh as any limit
+	// asks: the rest of HeartbeatReadiness is what stays to judge.
+	n.heartbeatFine = vgpu.HeartbeatReadiness(h, h.RenewTime, 0, "").Ready()
+	n.heartbeatRenewed = h.RenewTime
+}
+
+// heartbeat is n's heartbeat Lease as vgpu.HeartbeatReadiness reads it.
+func (n *nodeState) heartbeat() vgpu.Heartbeat {
 	l := n.lease
-	n.heartbeatFine = l != nil && !l.renewTime.IsZero() && (l.raw == "" || l.heartbeatErr == nil && l.heartbeat.Registered)
-	n.heartbeatRenewed = time.Time{}
-	if l != nil {
-		n.heartbeatRenewed = l.renewTime
+	if l == nil {
+		return vgpu.Heartbeat{}
 	}
+	return vgpu.Heartbeat{Exists: true, RenewTime: l.renewTime, Raw: l.raw, Parsed: l.heartbeat, Err: l.heartbeatErr}
 }
 
 // deleteLease records a heartbeat Lease deleted.
