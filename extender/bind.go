@@ -42,7 +42,8 @@ var errNotSyncedBind = errors.New(fieldManager + " not ready: informer caches no
 // node's lock only for the in-memory fit and reservation, so they never
 // over-commit a GPU; binds to different nodes do not wait on each other.
 // The reservation counts until the informers see the pod bound (then it
-// counts as a bound pod) or deleted.
+// counts as a bound pod) or deleted; a pod the informers never see is
+// read from the API server after a while (confirmBinds).
 //
 // Before the informers synced it refuses (errNotSyncedBind). When
 // Config.MaxPendingBinds calls are already waiting for the API client it
@@ -115,8 +116,10 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 		err := s.postBinding(ctx, pod, args.Node, "")
 		if err != nil {
 			undo()
+			return "", err
 		}
-		return "", err
+		s.boundUnseen(pod)
+		return "", nil
 	}
 	entry, err := s.reserve(args.Node, &d)
 	if err != nil {
@@ -124,15 +127,13 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	}
 	err = s.postBinding(ctx, pod, args.Node, entry.raw)
 	switch {
-	case err == nil:
+	case err == nil, outcomeUnknown(err) && s.boundAfterAll(ctx, entry, pod):
+		s.boundUnseen(pod)
 		s.placed(pod, entry)
 		return entry.raw, nil
 	case !outcomeUnknown(err):
 		s.state.release(entry)
 		return "", err
-	case s.boundAfterAll(ctx, entry, pod):
-		s.placed(pod, entry)
-		return entry.raw, nil
 	}
 	s.state.release(entry)
 	return "", err

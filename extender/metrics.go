@@ -21,6 +21,7 @@ const (
 	MetricBinds                = "gpuslice_extender_binds_total"
 	MetricRetries              = "gpuslice_extender_scheduler_retries_total"
 	MetricBindPodReads         = "gpuslice_extender_bind_pod_reads_total"
+	MetricStaleReleased        = "gpuslice_extender_stale_reservations_released_total"
 	MetricGPUMemoryAllocated   = "gpuslice_gpu_memory_allocated_mib"
 	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
@@ -72,6 +73,8 @@ type metrics struct {
 	// bindPodReads counts the pods Bind read from the API server because
 	// the informers had not seen them yet.
 	bindPodReads prometheus.Counter
+	// staleReleased counts the bound pods confirmBinds found gone.
+	staleReleased prometheus.Counter
 }
 
 // newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
@@ -107,13 +110,18 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		Name: MetricBindPodReads,
 		Help: "Pods Bind read from the API server because the informers' cache had not seen them yet (normally Bind reads none).",
 	})
+	staleReleased := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: MetricStaleReleased,
+		Help: "Pods bound by the extender that its informers never saw and that the API server no longer had running when read " + confirmGrace.String() + " later; what they held was released (each is a watch gap that lost a deletion).",
+	})
 	m := &metrics{
-		bindPodReads: bindPodReads,
-		handler:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
-		retries:      retries,
-		requests:     map[string]*prometheus.CounterVec{},
-		durations:    map[string]prometheus.ObserverVec{},
-		binds:        binds,
+		bindPodReads:  bindPodReads,
+		staleReleased: staleReleased,
+		handler:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		retries:       retries,
+		requests:      map[string]*prometheus.CounterVec{},
+		durations:     map[string]prometheus.ObserverVec{},
+		binds:         binds,
 	}
 	for _, verb := range verbs {
 		c, err := requests.CurryWith(prometheus.Labels{"verb": verb})
@@ -126,7 +134,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
+	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, staleReleased, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}

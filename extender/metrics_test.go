@@ -117,7 +117,7 @@ func TestMetricsRegistry(t *testing.T) {
 	// Only the bind results, the plain counters and the pending pods
 	// (one series per reason) start at 0; the vectors appear with their
 	// first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries}, names); diff != "" {
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

@@ -79,6 +79,9 @@ type Scheduler struct {
 	events *eventqueue.Queue
 	// dra is the DRA nodes and claims (Config.DRA); nil when off.
 	dra *draState
+	// unconfirmed are the pods Bind bound that the pod informer's cache
+	// did not have (confirmBinds).
+	unconfirmed unconfirmedBinds
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics
@@ -229,6 +232,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger.Info("Informer caches synced; ready")
 	var wg sync.WaitGroup
 	wg.Go(func() { s.retryLoop(ctx) })
+	wg.Go(func() { s.confirmLoop(ctx) })
 	if s.workload != nil {
 		wg.Go(func() { s.workloadLoop(ctx) })
 	}

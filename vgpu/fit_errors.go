@@ -74,7 +74,9 @@ func (f filterCounts) reason(k int) Reason {
 // node ("insufficient memory: needs 8192 MiB on 1 GPU"), so that a
 // scheduler that counts equal messages together shows one line per
 // reason however many nodes fail. It names the container when the pod has
-// more than one. Pure.
+// more than one. Pure. Like every Fit message it holds no percent sign:
+// kube-scheduler passes the messages it gets from an extender to its
+// event recorder as a format string ("50%!o(MISSING)f GPU memory").
 func NeedMessage(pod PodDemand, fe *FitError) string {
 	cs := pod.Request.Containers
 	if fe.Container < 0 || fe.Container >= len(cs) {
@@ -99,11 +101,11 @@ func NeedMessage(pod PodDemand, fe *FitError) string {
 	case ReasonInsufficientMemory:
 		need := fmt.Sprintf("%d MiB", cr.MemoryMiB)
 		if cr.MemoryMiB == 0 {
-			need = fmt.Sprintf("%d%% of GPU memory", cr.MemoryPercent)
+			need = fmt.Sprintf("%d percent of GPU memory", cr.MemoryPercent)
 		}
 		msg = fmt.Sprintf("insufficient memory: needs %s on %s", need, each(k))
 	case ReasonInsufficientCores:
-		msg = fmt.Sprintf("insufficient cores: needs %d%% on %s", cr.CoresPercent, each(k))
+		msg = fmt.Sprintf("insufficient cores: needs %d percent on %s", cr.CoresPercent, each(k))
 	case ReasonNUMA:
 		msg = fmt.Sprintf("no NUMA node has %d fitting GPUs for hami.io/numa-bind", k)
 	case ReasonEnforcement:
@@ -143,9 +145,9 @@ func (s *fitState) memoryMessage(ci int, c Constraints, k, fitting int) string {
 	needs := fmt.Sprintf("%d MiB", cr.MemoryMiB)
 	largest := fmt.Sprintf("%d MiB", bestFree)
 	if cr.MemoryMiB == 0 {
-		needs = fmt.Sprintf("%d%% of GPU memory", cr.MemoryPercent)
+		needs = fmt.Sprintf("%d percent of GPU memory", cr.MemoryPercent)
 		if sched := s.node.GPUs[best].SchedulableMemoryMiB; sched > 0 {
-			largest = fmt.Sprintf("%d%% (%d MiB)", bestFree*100/sched, bestFree)
+			largest = fmt.Sprintf("%d percent (%d MiB)", bestFree*100/sched, bestFree)
 		}
 	}
 	if k == 1 {
@@ -168,9 +170,9 @@ func (s *fitState) coresMessage(ci int, c Constraints, k, fitting int) string {
 		}
 	})
 	if k == 1 {
-		return fmt.Sprintf("insufficient cores: needs %d%%, largest free %d%% on %s", cr.CoresPercent, bestFree, s.node.GPUs[best].UUID)
+		return fmt.Sprintf("insufficient cores: needs %d percent, largest free %d percent on %s", cr.CoresPercent, bestFree, s.node.GPUs[best].UUID)
 	}
-	return fmt.Sprintf("insufficient cores: needs %d%% on each of %s, %d %s it free; largest free elsewhere %d%% on %s",
+	return fmt.Sprintf("insufficient cores: needs %d percent on each of %s, %d %s it free; largest free elsewhere %d percent on %s",
 		cr.CoresPercent, gpus(k), fitting, hasHave(fitting), bestFree, s.node.GPUs[best].UUID)
 }
 

@@ -88,18 +88,18 @@ func TestFitErrors(t *testing.T) {
 		pod:   vgputest.Pod("p").MemoryPercent(50),
 		node:  vgputest.Node("n1").GPU("GPU-0", 16384).Obj(),
 		usage: vgputest.Usage(vgputest.Allocation("n1").Slice("GPU-0", 12288, 0).Obj()),
-		want:  &vgpu.FitError{Reason: vgpu.ReasonInsufficientMemory, Message: "insufficient memory: needs 50% of GPU memory, largest free 25% (4096 MiB) on GPU-0"},
+		want:  &vgpu.FitError{Reason: vgpu.ReasonInsufficientMemory, Message: "insufficient memory: needs 50 percent of GPU memory, largest free 25 percent (4096 MiB) on GPU-0"},
 	}, {
 		name:  "insufficient cores",
 		pod:   vgputest.Pod("p").MemoryMiB(1024).Cores(30),
 		node:  vgputest.Node("n1").GPU("GPU-0", 16384).GPU("GPU-1", 16384).Obj(),
 		usage: vgputest.Usage(vgputest.Allocation("n1").Slice("GPU-0", 1024, 80).Slice("GPU-1", 1024, 90).Obj()),
-		want:  &vgpu.FitError{Reason: vgpu.ReasonInsufficientCores, Message: "insufficient cores: needs 30%, largest free 20% on GPU-0"},
+		want:  &vgpu.FitError{Reason: vgpu.ReasonInsufficientCores, Message: "insufficient cores: needs 30 percent, largest free 20 percent on GPU-0"},
 	}, {
 		name: "GPU offering less than 100% cannot be taken whole",
 		pod:  vgputest.Pod("p").GPU(1),
 		node: vgputest.Node("n1").GPU("GPU-0", 16384).Cores("GPU-0", 50).Obj(),
-		want: &vgpu.FitError{Reason: vgpu.ReasonInsufficientCores, Message: "insufficient cores: needs 100%, largest free 50% on GPU-0"},
+		want: &vgpu.FitError{Reason: vgpu.ReasonInsufficientCores, Message: "insufficient cores: needs 100 percent, largest free 50 percent on GPU-0"},
 	}, {
 		name:  "numa",
 		pod:   vgputest.Pod("p").Annotation(vgpu.AnnotationNUMABind, "true").GPU(2).MemoryMiB(8192),
@@ -145,6 +145,13 @@ func TestFitErrors(t *testing.T) {
 			}
 			if msg := vgpu.NeedMessage(d, got); msg == "" || strings.Contains(msg, "largest free") || strings.Contains(msg, "node has: ") || strings.Contains(msg, "healthy of") {
 				t.Errorf("NeedMessage = %q, want what the pod needs without the node's details", msg)
+			}
+			// kube-scheduler formats an extender's messages into events:
+			// a percent sign would be read as a verb.
+			for _, msg := range []string{got.Message, vgpu.NeedMessage(d, got)} {
+				if strings.Contains(msg, "%") {
+					t.Errorf("message %q holds a percent sign", msg)
+				}
 			}
 		})
 	}
