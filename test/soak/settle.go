@@ -214,17 +214,24 @@ func (s *soak) deleteAll(ctx context.Context) error {
 // checkNothingHeld waits up to 10 s (the extender's informer catching up) until the extender
 // counts nothing held on any GPU; each GPU it still counts is a leaked reservation.
 func (s *soak) checkNothingHeld(ctx context.Context) {
-	var held []string
+	var held []string // from the latest scrape that answered
+	var scrapeErr error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		held, err = s.c.ExtenderHeld(ctx)
-		return err == nil && len(held) == 0, nil
+		got, err := s.c.ExtenderHeld(ctx)
+		if err != nil {
+			// The poll's own deadline cuts the last scrape short: keep
+			// what the one before found.
+			scrapeErr = err
+			return false, nil
+		}
+		held, scrapeErr = got, nil
+		return len(held) == 0, nil
 	})
 	if err == nil {
 		return
 	}
 	if len(held) == 0 {
-		held = []string{"the extender's metrics could not be read"}
+		held = []string{fmt.Sprintf("the extender's metrics could not be read: %v", scrapeErr)}
 	}
 	for _, h := range held {
 		s.tally.violate(InvariantNoLeak, h, "with no pod left, the extender still counts "+h)
