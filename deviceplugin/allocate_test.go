@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,42 @@ func TestAllocateRefusesAtOnceWhenTheAdmittedPodsGPUIsUnhealthy(t *testing.T) {
 	}
 	if want := gpuB + " is unhealthy"; !strings.Contains(err.Error(), want) {
 		t.Errorf("allocate error %q does not contain %q", err, want)
+	}
+}
+
+// TestAllocateAsksForAPodsFirstPendingContainer: the kubelet allocates a
+// pod's containers in order. Container c0 was placed on GPU A, which went
+// unhealthy, so the kubelet chose a device on GPU B for it; c1's own slice
+// is on B. GetPreferredAllocation must not steer c0 to c1's GPU, and
+// Allocate must refuse the device, naming c0, rather than let c0 take it
+// and then be refused at every start (its slice is on A). Once c0 holds
+// its devices, c1 is the one asking, and B is its GPU.
+func TestAllocateAsksForAPodsFirstPendingContainer(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.alloc.t.OwnerWait = time.Hour
+	pod := gpuPod("two", time.Now(), allocOf(vgputest.Allocation("node-1").Container("c0").Slice(gpuA, 1024, 0).Container("c1").Slice(gpuB, 1024, 0)), "c0", "c1")
+	f.addPod(pod)
+	f.alloc.inv.setHealth(vgpu.HealthEvent{UUID: gpuA, Health: vgpu.Unhealthy, Reason: "XID 79"})
+
+	onlyB := devicesOf()[DefaultSplitCount:]
+	if got, want := f.prefer(onlyB, nil, 1), onlyB[:1]; !slices.Equal(got, want) {
+		t.Errorf("preferred devices for c0 = %v, want the kubelet's own choice %v (no offer on c1's GPU)", got, want)
+	}
+	if f.alloc.claims.recentlyOffered(containerRef{Namespace: "default", Pod: "two", Container: "c1"}, pod.UID, time.Time{}) {
+		t.Error("c1 was offered devices, but it is not the container asking")
+	}
+	_, err := f.allocate(DeviceID(gpuB, 0))
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("allocate for c0 on GPU B = %v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{"default/two/c0", gpuA + " is unhealthy"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("allocate error %q does not contain %q", err, want)
+		}
+	}
+
+	f.podRes.hold("default", "two", "c0", DeviceID(gpuA, 0))
+	if _, err := f.allocate(DeviceID(gpuB, 0)); err != nil {
+		t.Errorf("allocate for c1 on its GPU = %v", err)
 	}
 }

@@ -225,14 +225,20 @@ func listedPending(pending []pendingContainer, listed map[types.NamespacedName]b
 	return slices.DeleteFunc(pending, func(c pendingContainer) bool { return !listed[c.Ref.pod()] })
 }
 
-// pendingContainers lists the containers of pods (the pods bound to this
-// node) that the scheduler placed here and that hold no devices yet (held
-// comes from PodResources) and, in
-// mode env, were not allocated yet, oldest pod first (creation time, then
-// namespace/name), then in allocation order. Terminal and deleted pods,
-// unreadable allocations, allocations for other nodes and regular init
-// containers (the kubelet hands their devices to the app containers) are
-// left out.
+// pendingContainers lists, of each of pods (the pods bound to this node)
+// that the scheduler placed here, the first container in allocation order
+// that holds no devices yet (held comes from PodResources) and, in mode
+// env, was not allocated yet, oldest pod first (creation time, then
+// namespace/name). Terminal and deleted pods, unreadable allocations,
+// allocations for other nodes and regular init containers (the kubelet
+// hands their devices to the app containers) are left out.
+//
+// The kubelet allocates a pod's containers one after another in that
+// order, so only the first that holds nothing can be the one asking: a
+// later container of the same pod whose GPUs happen to match devices the
+// kubelet chose for the first (its own GPU has no device left: unhealthy,
+// say) must not let those devices through, or the first container would
+// never start with them (every start refused as a mismatch).
 func (a *allocator) pendingContainers(pods []*corev1.Pod, held map[containerRef][]string) []pendingContainer {
 	var out []pendingContainer
 	for _, pod := range pods {
@@ -252,6 +258,7 @@ func (a *allocator) pendingContainers(pods []*corev1.Pod, held map[containerRef]
 				continue
 			}
 			out = append(out, pendingContainer{Ref: ref, Pod: pod, Alloc: ca, order: i})
+			break // the pod's later containers wait for this one
 		}
 	}
 	slices.SortFunc(out, func(x, y pendingContainer) int {
