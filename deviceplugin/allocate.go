@@ -153,7 +153,8 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 // them: refusing here makes the kubelet reject it at admission (phase
 // Failed, with this message) and free its devices, instead of holding them
 // while every start of the container is refused. The error is
-// FailedPrecondition.
+// FailedPrecondition. Devices GetPreferredAllocation has just offered to
+// the container being admitted pass without a list (freshOffer).
 func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) error {
 	if a.pods == nil {
 		return status.Error(codes.FailedPrecondition, errNoPodView.Error())
@@ -162,6 +163,9 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	defer cancel()
 	if !a.waitSynced(ctx) {
 		return status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
+	}
+	if a.freshOffer(ids, gpus) {
+		return nil
 	}
 	held, listed := a.kubeletPods(ctx)
 	fits := func(admitted []pendingContainer) bool {
@@ -206,6 +210,37 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 		"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
 			"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
 		a.cfg.NodeName, len(ids), gpus, ids, a.cfg.ResourceName, vgpu.AnnotationPodAllocation)
+}
+
+// offerTrust is how recent GetPreferredAllocation's offer of exactly the
+// IDs Allocate is given must be for Allocate to take it as the answer.
+const offerTrust = 2 * time.Second
+
+// freshOffer reports whether GetPreferredAllocation offered exactly ids
+// (on gpus) within offerTrust to a container whose pod the view still
+// shows, with the offer's UID, not being deleted, and an allocation of
+// that container on exactly gpus. The kubelet calls GetPreferredAllocation
+// right before Allocate for the same container, and the offer was chosen
+// from a PodResources list made then (preferOne), so Allocate need not
+// list again: the kubelet admits one pod at a time, and the two lists
+// were half of what each admission waited for in a burst of pods onto one
+// node. Whatever Allocate accepts, PreStartContainer still hands the
+// container its own pod's slice or refuses.
+func (a *allocator) freshOffer(ids, gpus []string) bool {
+	o, ok := a.claims.offered(handoff.DeviceName(ids))
+	if !ok || a.clock.Since(o.At) > offerTrust {
+		return false
+	}
+	pod, ok := a.pods.Pod(o.Ref.Namespace, o.Ref.Pod)
+	if !ok || pod.UID != o.PodUID || pod.DeletionTimestamp != nil {
+		return false
+	}
+	alloc, ok, err := a.pods.Allocation(pod)
+	if !ok || err != nil {
+		return false
+	}
+	ca, ok := alloc.Container(o.Ref.Container)
+	return ok && len(ca.GPUs) == len(ids) && slices.Equal(allocationGPUs(ca), gpus)
 }
 
 // unhealthyNote names those of gpus that the node's inventory shows

@@ -180,3 +180,44 @@ func TestAllocateAsksForAPodsFirstPendingContainer(t *testing.T) {
 		t.Errorf("allocate for c1 on its GPU = %v", err)
 	}
 }
+
+// TestAllocateTakesTheFreshOffer: right after GetPreferredAllocation
+// offered devices to the pod the kubelet admits, Allocate for exactly those
+// devices answers without listing PodResources again; for other devices,
+// or once the offer is older than offerTrust, it lists and decides as
+// before.
+func TestAllocateTakesTheFreshOffer(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.addPod(gpuPod("admitted", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	pick := f.prefer(devicesOf(), nil, 1)
+	if want := []string{DeviceID(gpuB, 0)}; !slices.Equal(pick, want) {
+		t.Fatalf("preferred devices = %v, want %v", pick, want)
+	}
+	lists := f.podRes.callCount()
+	if _, err := f.allocate(pick...); err != nil {
+		t.Fatalf("allocate of the offered devices = %v", err)
+	}
+	if n := f.podRes.callCount() - lists; n != 0 {
+		t.Errorf("allocate of the offered devices listed PodResources %d times, want none", n)
+	}
+
+	// Devices on another GPU than the offer's: listed, and refused.
+	if _, err := f.allocate(DeviceID(gpuA, 0)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("allocate of devices on another GPU = %v, want FailedPrecondition", err)
+	}
+	if n := f.podRes.callCount() - lists; n == 0 {
+		t.Error("allocate of devices nobody was offered did not list PodResources")
+	}
+
+	// A stale offer is not trusted.
+	o, _ := f.alloc.claims.offered(handoff.DeviceName(pick))
+	o.At = time.Now().Add(-offerTrust - time.Second)
+	f.alloc.claims.offer(o)
+	lists = f.podRes.callCount()
+	if _, err := f.allocate(pick...); err != nil {
+		t.Fatalf("allocate of the devices after the offer went stale = %v", err)
+	}
+	if n := f.podRes.callCount() - lists; n == 0 {
+		t.Error("allocate after the offer went stale did not list PodResources")
+	}
+}
