@@ -105,10 +105,12 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 // and name only, so a pod deleted and created again under the same name
 // (a StatefulSet's web-0) can still be the old one in the pod view, with
 // the old pod's allocation; the devices then give it away. A mismatch is
-// waited out for OwnerWait (the view catching up), then refused, as is a
-// pod the view shows being deleted (the kubelet starts no container of
-// one): the kubelet retries the start, which succeeds once the view shows
-// the pod the devices were allocated for. A match is confirmed with the API
+// waited out for OwnerWait (the view catching up), then the API server's
+// pod of that name decides (apiServerMatch); without one that fits, the
+// start is refused, as is one for a pod the view shows being deleted (the
+// kubelet starts no container of one): the kubelet retries the start,
+// which succeeds once the view shows the pod the devices were allocated
+// for. A match is confirmed with the API
 // server (currentAllocation), since the old and new pods' slices may be on
 // the same GPU.
 func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
@@ -129,6 +131,9 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 			continue
 		case <-waitCtx.Done():
 		}
+		if cur, cca, ok := a.apiServerMatch(ctx, ref, ids, gpus, pod); ok {
+			return cur, cca, nil
+		}
 		if deleting {
 			// The kubelet starts no container of a pod being deleted: the
 			// one starting belongs to a pod of that name created again.
@@ -141,6 +146,34 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 				"the devices were allocated for another pod of that name (the plugin's view of a pod deleted and created again may lag); the start is retried",
 			ref, len(ids), a.cfg.ResourceName, gpus, pod.Namespace, pod.Name, pod.UID, len(ca.GPUs), allocationGPUs(ca))
 	}
+}
+
+// apiServerMatch is matchingAllocation's last resort once the view has
+// shown viewPod, whose allocation does not fit ids (on gpus) or which is
+// being deleted, for OwnerWait: the view's watch may stay broken for
+// longer (it backs off while the API server restarts), and the pod of
+// that name the API server has now is the one the kubelet starts. It
+// returns that pod and ref's container allocation when it is another pod
+// than viewPod, is not being deleted, and its allocation fits ids on
+// gpus; false otherwise (no API client, the read failed, or no such pod).
+func (a *allocator) apiServerMatch(ctx context.Context, ref containerRef, ids, gpus []string, viewPod *corev1.Pod) (*corev1.Pod, vgpu.ContainerAllocation, bool) {
+	if a.live == nil {
+		return nil, vgpu.ContainerAllocation{}, false
+	}
+	current, err := a.currentPod(ctx, ref)
+	if err != nil || current.UID == viewPod.UID || current.DeletionTimestamp != nil {
+		return nil, vgpu.ContainerAllocation{}, false
+	}
+	alloc, ok, err := a.pods.Allocation(current)
+	if !ok || err != nil {
+		return nil, vgpu.ContainerAllocation{}, false
+	}
+	current, ca, err := a.containerAllocation(ref, current, alloc, nil)
+	if err != nil || len(ca.GPUs) != len(ids) || !slices.Equal(gpus, allocationGPUs(ca)) {
+		return nil, vgpu.ContainerAllocation{}, false
+	}
+	a.logger.Info("Pod view lags for longer than the owner wait: using the pod the API server has", "container", ref, "viewUID", viewPod.UID, "podUID", current.UID)
+	return current, ca, true
 }
 
 // currentAllocation confirms with the API server that pod, the view's pod

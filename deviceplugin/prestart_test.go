@@ -299,3 +299,35 @@ func readDirNames(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+// TestPreStartAsksTheAPIServerWhenTheViewStaysStale: the view's watch
+// stays broken (the API server restarted, its back-off runs) and keeps
+// showing an old web-0 on GPU A while the kubelet starts the new web-0
+// with its devices on GPU B. Once the view has not caught up within the
+// owner wait, the API server's web-0 decides: the new pod, whose slice is
+// on B, gets its own identity and limit. When the API server has the
+// view's pod itself, the start is refused as before.
+func TestPreStartAsksTheAPIServerWhenTheViewStaysStale(t *testing.T) {
+	f := newHandoff(t, nil)
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "web-0", "main", id)
+
+	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(old.DeepCopy())).NodePods("node-1"))
+	if err := f.preStart(id); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), ReasonAllocationMismatch) {
+		t.Fatalf("preStart with the old pod on the API server too = %v, want FailedPrecondition %s", err, ReasonAllocationMismatch)
+	}
+
+	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
+	recreated.UID = "uid-new"
+	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart with the new pod on the API server and the old one in the view: %v", err)
+	}
+	env := specEnv(f.readSpec(id))
+	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
+	}
+}
