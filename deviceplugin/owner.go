@@ -105,11 +105,16 @@ func refuse(reason string, ref containerRef, pod *corev1.Pod, format string, arg
 // allocation for this node, or until ctx ends, and returns the pod and
 // ref's container allocation. The view may lag the kubelet by a moment:
 // absence and a missing annotation are waited out, a malformed or foreign
-// allocation is not.
+// allocation is not. When the view has not shown it within OwnerWait
+// (its watch backs off while the API server restarts), the API server's
+// pod of that name is read once and taken if it has an allocation.
 func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev1.Pod, vgpu.ContainerAllocation, error) {
 	if a.pods == nil {
 		return nil, vgpu.ContainerAllocation{}, errNoPodView
 	}
+	asked := a.live == nil
+	ownerWait := a.clock.NewTimer(a.t.OwnerWait)
+	defer ownerWait.Stop()
 	for {
 		changed := a.pods.Changed()
 		pod, ok := a.pods.Pod(ref.Namespace, ref.Pod)
@@ -120,6 +125,17 @@ func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev
 		}
 		select {
 		case <-changed:
+			continue
+		case <-ownerWait.C():
+			if !asked {
+				asked = true
+				if current, err := a.currentPod(ctx, ref); err == nil {
+					if alloc, ok, err := a.pods.Allocation(current); ok {
+						a.logger.Info("Pod view lags for longer than the owner wait: using the pod the API server has", "container", ref, "podUID", current.UID)
+						return a.containerAllocation(ref, current, alloc, err)
+					}
+				}
+			}
 			continue
 		case <-ctx.Done():
 		}

@@ -331,3 +331,21 @@ func TestPreStartAsksTheAPIServerWhenTheViewStaysStale(t *testing.T) {
 		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
 	}
 }
+
+// TestPreStartAsksTheAPIServerForAPodMissingFromTheView: the view's watch
+// stays broken and never shows the new pod; past the owner wait the API
+// server's pod of that name is read and served with its own slice.
+func TestPreStartAsksTheAPIServerForAPodMissingFromTheView(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.alloc.t.Budget = 10 * time.Second
+	pod := gpuPod("unseen", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
+	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(pod)).NodePods("node-1"))
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "unseen", "main", id)
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart of a pod only the API server has: %v", err)
+	}
+	if got := envValue(specEnv(f.readSpec(id)), handoff.EnvPod); got != "default/unseen" {
+		t.Errorf("spec %s = %q, want default/unseen", handoff.EnvPod, got)
+	}
+}
