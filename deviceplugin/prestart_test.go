@@ -191,11 +191,7 @@ func TestPreStartWaitsForTheView(t *testing.T) {
 // retry succeeds once the view shows the new pod, with its own slice.
 func TestPreStartRefusesStalePodOfTheSameName(t *testing.T) {
 	f := newHandoff(t, nil)
-	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 40960, 0)), "main")
-	old.UID = "uid-old"
-	f.addPod(old)
-	id := DeviceID(gpuB, 0)
-	f.podRes.hold("default", "web-0", "main", id)
+	_, id := staleWeb0(f)
 
 	err := f.preStart(id)
 	if status.Code(err) != codes.FailedPrecondition {
@@ -211,16 +207,12 @@ func TestPreStartRefusesStalePodOfTheSameName(t *testing.T) {
 	}
 
 	f.deletePod("default", "web-0")
-	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
-	recreated.UID = "uid-new"
+	recreated := recreatedWeb0()
 	f.addPod(recreated)
 	if err := f.preStart(id); err != nil {
 		t.Fatalf("preStart once the view shows the new pod: %v", err)
 	}
-	env := specEnv(f.readSpec(id))
-	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
-		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
-	}
+	wantRecreatedSpec(t, f, id)
 }
 
 // TestPreStartConfirmsThePodWithTheAPIServer is the same race when the new
@@ -234,8 +226,7 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 40960, 0)), "main")
 	old.UID = "uid-old"
 	f.addPod(old)
-	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
-	recreated.UID = "uid-new"
+	recreated := recreatedWeb0()
 	// The API server has only the new pod; the plugin's view still shows the old one.
 	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
 	id := DeviceID(gpuB, 0)
@@ -244,10 +235,7 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 	if err := f.preStart(id); err != nil {
 		t.Fatalf("preStart with the new pod on the API server: %v", err)
 	}
-	env := specEnv(f.readSpec(id))
-	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
-		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m], not the old pod's [uid-old 40960m]", got)
-	}
+	wantRecreatedSpec(t, f, id)
 
 	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 		return nil, errors.New("connection refused")
@@ -309,27 +297,19 @@ func readDirNames(t *testing.T, dir string) []string {
 // view's pod itself, the start is refused as before.
 func TestPreStartAsksTheAPIServerWhenTheViewStaysStale(t *testing.T) {
 	f := newHandoff(t, nil)
-	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 40960, 0)), "main")
-	old.UID = "uid-old"
-	f.addPod(old)
-	id := DeviceID(gpuB, 0)
-	f.podRes.hold("default", "web-0", "main", id)
+	old, id := staleWeb0(f)
 
 	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(old.DeepCopy())).NodePods("node-1"))
 	if err := f.preStart(id); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), ReasonAllocationMismatch) {
 		t.Fatalf("preStart with the old pod on the API server too = %v, want FailedPrecondition %s", err, ReasonAllocationMismatch)
 	}
 
-	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
-	recreated.UID = "uid-new"
+	recreated := recreatedWeb0()
 	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
 	if err := f.preStart(id); err != nil {
 		t.Fatalf("preStart with the new pod on the API server and the old one in the view: %v", err)
 	}
-	env := specEnv(f.readSpec(id))
-	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
-		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
-	}
+	wantRecreatedSpec(t, f, id)
 }
 
 // TestPreStartAsksTheAPIServerForAPodMissingFromTheView: the view's watch
@@ -348,4 +328,35 @@ func TestPreStartAsksTheAPIServerForAPodMissingFromTheView(t *testing.T) {
 	if got := envValue(specEnv(f.readSpec(id)), handoff.EnvPod); got != "default/unseen" {
 		t.Errorf("spec %s = %q, want default/unseen", handoff.EnvPod, got)
 	}
+}
+
+// recreatedWeb0 is web-0 created again (UID uid-new) with a 2048 MiB slice
+// on GPU B.
+func recreatedWeb0() *corev1.Pod {
+	p := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
+	p.UID = "uid-new"
+	return p
+}
+
+// wantRecreatedSpec checks that the CDI spec of id gives its container
+// recreatedWeb0's identity and memory limit.
+func wantRecreatedSpec(t *testing.T, f *handoffFixture, id string) {
+	t.Helper()
+	env := specEnv(f.readSpec(id))
+	if got := []string{envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+		t.Errorf("spec pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
+	}
+}
+
+// staleWeb0 puts web-0 (UID uid-old, a 40960 MiB slice on GPU A) in f's
+// view and API server, and has PodResources say that its container holds
+// a device on GPU B, which it returns: the kubelet starts a web-0 created
+// again, which the view has not shown yet.
+func staleWeb0(f *handoffFixture) (*corev1.Pod, string) {
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "web-0", "main", id)
+	return old, id
 }

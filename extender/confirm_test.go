@@ -35,21 +35,11 @@ func TestConfirmBinds(t *testing.T) {
 		wantFreed float64
 	}{
 		{name: "still bound", want: slice, tracked: true},
-		{
-			name: "deleted",
-			change: func(t *testing.T, e *env, pod *corev1.Pod) {
-				if err := e.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			},
-			want: map[string]vgpu.GPUUsage{}, wantFreed: 1,
-		},
+		{name: "deleted", change: deleteFromAPI, want: map[string]vgpu.GPUUsage{}, wantFreed: 1},
 		{
 			name: "replaced by a pod of its name",
 			change: func(t *testing.T, e *env, pod *corev1.Pod) {
-				if err := e.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
+				deleteFromAPI(t, e, pod)
 				again := slicePod(pod.Name, 4096)
 				again.UID = "recreated"
 				e.createPod(again)
@@ -70,9 +60,7 @@ func TestConfirmBinds(t *testing.T) {
 		{
 			name: "cannot be read",
 			change: func(t *testing.T, e *env, pod *corev1.Pod) {
-				if err := e.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
+				deleteFromAPI(t, e, pod)
 				e.client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 					return true, nil, errors.New("connection refused")
 				})
@@ -153,4 +141,12 @@ func podGets(e *env) int {
 		}
 	}
 	return n
+}
+
+// deleteFromAPI deletes pod on e's API server.
+func deleteFromAPI(t *testing.T, e *env, pod *corev1.Pod) {
+	t.Helper()
+	if err := e.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
