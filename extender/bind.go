@@ -49,9 +49,10 @@ var errNotSyncedBind = errors.New(fieldManager + " not ready: informer caches no
 // Config.MaxPendingBinds calls are already waiting for the API client it
 // refuses at once (ErrOverloaded). On any failure it drops the reservation
 // and returns a result with Error; when the request's outcome is unknown
-// (a timeout, a lost reply) it reads the pod once to tell, and a pod bound
-// to args.Node with its allocation after all counts as bound. The whole
-// call is bounded by Config.BindTimeout. A pod that asks for no GPU is
+// (a timeout, a lost reply) it reads the pod to tell (boundAfterAll), and
+// a pod bound to args.Node with its allocation after all counts as bound.
+// The Binding request is bounded by Config.BindTimeout, and so are the
+// reads that follow one with an unknown outcome. A pod that asks for no GPU is
 // bound without an annotation. Each call with valid arguments is counted
 // in MetricBinds by result. The error is non-nil, wrapping ErrBadArgs, only
 // for arguments kube-scheduler never sends.
@@ -261,23 +262,47 @@ func outcomeUnknown(err error) bool {
 	return code == 0 || code >= http.StatusInternalServerError || code == http.StatusRequestTimeout
 }
 
+// Back-off between boundAfterAll's reads of a pod while the API server
+// does not answer (it restarts: the lost reply was likely its going down).
+const (
+	outcomeReadInitial = 100 * time.Millisecond
+	outcomeReadMax     = time.Second
+)
+
 // boundAfterAll reads the pod after a Binding whose outcome is unknown and
 // reports whether it is bound to e's node with e's allocation. It runs on
-// its own deadline, so a bind that failed by timing out can still tell.
+// its own deadline (Config.BindTimeout), so a bind that failed by timing
+// out can still tell, and reads again with back-off while the API server
+// does not answer: a bind reported failed that did land makes
+// kube-scheduler place the pod again, and its cache then sees the pod on
+// another node than it assumed (kube-scheduler exits on that).
 func (s *Scheduler) boundAfterAll(ctx context.Context, e *podEntry, pod *corev1.Pod) bool {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BindTimeout.Duration)
 	defer cancel()
-	cur, err := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		logger.Info("Could not read the pod after a bind with unknown outcome", "err", err.Error())
-		return false
+	delay := outcomeReadInitial
+	for {
+		cur, err := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			if cur.UID == e.uid && cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw {
+				logger.Info("Pod is bound after all; keeping its allocation")
+				return true
+			}
+			return false
+		case apierrors.IsNotFound(err):
+			return false
+		}
+		timer := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			logger.Info("Could not read the pod after a bind with unknown outcome", "err", err.Error())
+			return false
+		case <-timer.C:
+		}
+		delay = min(2*delay, outcomeReadMax)
 	}
-	if cur.UID == e.uid && cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw {
-		logger.Info("Pod is bound after all; keeping its allocation")
-		return true
-	}
-	return false
 }
 
 // bindGate bounds the binds waiting for the API client: at most max at

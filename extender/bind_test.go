@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -151,11 +152,26 @@ func TestBindFailure(t *testing.T) {
 }
 
 // TestBindLostReply checks that a Binding that succeeded although its
-// reply was lost counts as a successful bind, and the allocation stays.
+// reply was lost counts as a successful bind, and the allocation stays,
+// also when the API server does not answer the first reads of the pod
+// (it went down with the reply).
 func TestBindLostReply(t *testing.T) {
+	for _, failedReads := range []int{0, 2} {
+		t.Run(fmt.Sprintf("%d failed reads", failedReads), func(t *testing.T) { testBindLostReply(t, failedReads) })
+	}
+}
+
+func testBindLostReply(t *testing.T, failedReads int) {
 	inv, n1 := gpuNode("n1", 1, 16384)
 	pod := slicePod("p", 4096)
 	client := newFakeClient(objects(n1, []runtime.Object{pod})...)
+	var reads atomic.Int32
+	client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if reads.Add(1) <= int32(failedReads) {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
 	client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() != "binding" {
 			return false, nil, nil
