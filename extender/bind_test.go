@@ -156,18 +156,18 @@ func TestBindFailure(t *testing.T) {
 // also when the API server does not answer the first reads of the pod
 // (it went down with the reply).
 func TestBindLostReply(t *testing.T) {
-	for _, failedReads := range []int{0, 2} {
+	for _, failedReads := range []int64{0, 2} {
 		t.Run(fmt.Sprintf("%d failed reads", failedReads), func(t *testing.T) { testBindLostReply(t, failedReads) })
 	}
 }
 
-func testBindLostReply(t *testing.T, failedReads int) {
+func testBindLostReply(t *testing.T, failedReads int64) {
 	inv, n1 := gpuNode("n1", 1, 16384)
 	pod := slicePod("p", 4096)
 	client := newFakeClient(objects(n1, []runtime.Object{pod})...)
-	var reads atomic.Int32
+	var reads atomic.Int64
 	client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if reads.Add(1) <= int32(failedReads) {
+		if reads.Add(1) <= failedReads {
 			return true, nil, errors.New("connection refused")
 		}
 		return false, nil, nil
