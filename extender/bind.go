@@ -100,7 +100,7 @@ func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 // bind does Bind's work and returns the allocation annotation written ("" for
 // a pod without GPUs).
 func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (string, error) {
-	pod, err := s.podForBind(ctx, args)
+	pod, seen, err := s.podForBind(ctx, args)
 	if err != nil {
 		return "", err
 	}
@@ -114,12 +114,11 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 		// burst see them taken; if the Binding did land after all, the
 		// informer counts them again when it sees the pod bound.
 		undo := s.state.reserveHost(d.uid, args.Node, d.pod.Host)
-		err := s.postBinding(ctx, pod, args.Node, "")
-		if err != nil {
+		if err := s.postBinding(ctx, pod, args.Node, ""); err != nil {
 			undo()
 			return "", err
 		}
-		s.boundUnseen(pod)
+		s.bound(pod, seen)
 		return "", nil
 	}
 	entry, err := s.reserve(args.Node, &d)
@@ -127,17 +126,13 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 		return "", err
 	}
 	err = s.postBinding(ctx, pod, args.Node, entry.raw)
-	switch {
-	case err == nil, outcomeUnknown(err) && s.boundAfterAll(ctx, entry, pod):
-		s.boundUnseen(pod)
-		s.placed(pod, entry)
-		return entry.raw, nil
-	case !outcomeUnknown(err):
+	if err != nil && (!outcomeUnknown(err) || !s.boundAfterAll(ctx, entry, pod)) {
 		s.state.release(entry)
 		return "", err
 	}
-	s.state.release(entry)
-	return "", err
+	s.bound(pod, seen)
+	s.placed(pod, entry)
+	return entry.raw, nil
 }
 
 // placed records the pod event of a placement, in the background: Bind
@@ -148,35 +143,28 @@ func (s *Scheduler) placed(pod *corev1.Pod, entry *podEntry) {
 
 // podForBind returns the pod args name, from the informers' cache, or read
 // from the API server when the cache has not seen it (or has an older pod
-// of that name). It refuses pods that are replaced, bound or being
-// deleted; the Binding's preconditions refuse them too, but without a
-// request.
-func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (*corev1.Pod, error) {
-	var pod *corev1.Pod
-	if store := s.pods.Load(); store != nil {
-		// A pod kept as metadata only (it asks for no GPU) is read in full.
-		obj, ok, err := (*store).GetByKey(args.PodNamespace + "/" + args.PodName)
-		if p, isPod := obj.(*corev1.Pod); err == nil && ok && isPod && p.UID == args.PodUID {
-			pod = p
-		}
-	}
+// of that name), and whether the cache has that pod (seen; as metadata
+// only, for a pod that asks for no GPU, it is read in full all the same).
+// It refuses pods that are replaced, bound or being deleted; the Binding's
+// preconditions refuse them too, but without a request.
+func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (pod *corev1.Pod, seen bool, err error) {
+	obj, seen := s.cachedPod(args.PodNamespace, args.PodName, args.PodUID)
+	pod, _ = obj.(*corev1.Pod)
 	if pod == nil {
 		s.metrics.bindPodReads.Inc()
-		p, err := s.client.CoreV1().Pods(args.PodNamespace).Get(ctx, args.PodName, metav1.GetOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("get pod %s/%s: %w", args.PodNamespace, args.PodName, err)
+		if pod, err = s.client.CoreV1().Pods(args.PodNamespace).Get(ctx, args.PodName, metav1.GetOptions{}); err != nil {
+			return nil, false, fmt.Errorf("get pod %s/%s: %w", args.PodNamespace, args.PodName, err)
 		}
-		pod = p
 	}
 	switch {
 	case pod.UID != args.PodUID:
-		return nil, fmt.Errorf("pod %s/%s has UID %s, not %s: it was replaced", pod.Namespace, pod.Name, pod.UID, args.PodUID)
+		return nil, false, fmt.Errorf("pod %s/%s has UID %s, not %s: it was replaced", pod.Namespace, pod.Name, pod.UID, args.PodUID)
 	case pod.Spec.NodeName != "":
-		return nil, fmt.Errorf("pod %s/%s is already bound to node %q", pod.Namespace, pod.Name, pod.Spec.NodeName)
+		return nil, false, fmt.Errorf("pod %s/%s is already bound to node %q", pod.Namespace, pod.Name, pod.Spec.NodeName)
 	case pod.DeletionTimestamp != nil:
-		return nil, fmt.Errorf("pod %s/%s is being deleted", pod.Namespace, pod.Name)
+		return nil, false, fmt.Errorf("pod %s/%s is being deleted", pod.Namespace, pod.Name)
 	}
-	return pod, nil
+	return pod, seen, nil
 }
 
 // reserve fits d on node and counts it there as a reservation. It holds the

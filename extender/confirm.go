@@ -75,35 +75,37 @@ func (u *unconfirmedBinds) done(uid types.UID) {
 	delete(u.pods, uid)
 }
 
-// count returns how many pods are tracked.
-func (u *unconfirmedBinds) count() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.pods)
-}
-
-// boundUnseen records that pod, which Bind just bound, is tracked until
-// the informer's cache has it (confirmBinds).
-func (s *Scheduler) boundUnseen(pod *corev1.Pod) {
-	if s.inCache(pod.Namespace, pod.Name, pod.UID) {
-		return
+// bound records that Bind bound pod: one the informer's cache did not
+// have (seen false) is tracked until the cache has it (confirmBinds).
+func (s *Scheduler) bound(pod *corev1.Pod, seen bool) {
+	if !seen {
+		s.unconfirmed.add(pod, s.clock.Now())
 	}
-	s.unconfirmed.add(pod, s.clock.Now())
 }
 
-// inCache reports whether the pod informer's cache has the pod
-// namespace/name with uid.
-func (s *Scheduler) inCache(namespace, name string, uid types.UID) bool {
+// cachedPod returns what the pod informer's cache holds for the pod
+// namespace/name with uid (a *corev1.Pod, or a *podMeta for a pod that asks
+// for no GPU), and false when it holds nothing of that name and UID.
+func (s *Scheduler) cachedPod(namespace, name string, uid types.UID) (any, bool) {
 	store := s.pods.Load()
 	if store == nil {
-		return false
+		return nil, false
 	}
 	obj, ok, err := (*store).GetByKey(namespace + "/" + name)
 	if err != nil || !ok {
-		return false
+		return nil, false
 	}
-	o, isObj := obj.(metav1.Object)
-	return isObj && o.GetUID() == uid
+	var got types.UID
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		got = o.UID
+	case *podMeta:
+		got = o.UID
+	}
+	if got != uid {
+		return nil, false
+	}
+	return obj, true
 }
 
 // confirmLoop runs confirmBinds every confirmInterval until ctx ends.
@@ -130,7 +132,7 @@ func (s *Scheduler) confirmLoop(ctx context.Context) {
 func (s *Scheduler) confirmBinds(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for uid, b := range s.unconfirmed.due(s.clock.Now().Add(-confirmGrace)) {
-		if s.inCache(b.namespace, b.name, uid) {
+		if _, seen := s.cachedPod(b.namespace, b.name, uid); seen {
 			s.unconfirmed.done(uid)
 			continue
 		}
