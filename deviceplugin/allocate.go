@@ -170,7 +170,7 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	held, listed := a.kubeletPods(ctx)
 	fits := func(admitted []pendingContainer) bool {
 		return slices.ContainsFunc(admitted, func(c pendingContainer) bool {
-			return len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus)
+			return allocationFits(c.Alloc, ids, gpus)
 		})
 	}
 	var admitted []pendingContainer
@@ -240,7 +240,7 @@ func (a *allocator) freshOffer(ids, gpus []string) bool {
 		return false
 	}
 	ca, ok := alloc.Container(o.Ref.Container)
-	return ok && len(ca.GPUs) == len(ids) && slices.Equal(allocationGPUs(ca), gpus)
+	return ok && allocationFits(ca, ids, gpus)
 }
 
 // unhealthyNote names those of gpus that the node's inventory shows

@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -52,7 +51,7 @@ func (a *allocator) envMatch(ctx context.Context, device string, ids, gpus []str
 		}
 	}
 	for _, c := range pending {
-		if len(c.Alloc.GPUs) == len(ids) && slices.Equal(allocationGPUs(c.Alloc), gpus) {
+		if allocationFits(c.Alloc, ids, gpus) {
 			return c, true
 		}
 	}

@@ -112,8 +112,7 @@ func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev
 	if a.pods == nil {
 		return nil, vgpu.ContainerAllocation{}, errNoPodView
 	}
-	asked := a.live == nil
-	ownerWait := a.clock.NewTimer(a.t.OwnerWait)
+	ownerWait := a.clock.NewTimer(a.t.OwnerWait) // fires once: one read
 	defer ownerWait.Stop()
 	for {
 		changed := a.pods.Changed()
@@ -127,14 +126,12 @@ func (a *allocator) podAllocation(ctx context.Context, ref containerRef) (*corev
 		case <-changed:
 			continue
 		case <-ownerWait.C():
-			if !asked {
-				asked = true
-				if current, err := a.currentPod(ctx, ref); err == nil {
-					if alloc, ok, err := a.pods.Allocation(current); ok {
-						a.logger.Info("Pod view lags for longer than the owner wait: using the pod the API server has", "container", ref, "podUID", current.UID)
-						return a.containerAllocation(ref, current, alloc, err)
-					}
-				}
+			// A pod the API server has with an allocation is served, or
+			// refused for that allocation; otherwise the view is waited for.
+			current, ca, err := a.livePodAllocation(ctx, ref)
+			if r := (*refusal)(nil); err == nil || errors.As(err, &r) {
+				a.logger.Info("Pod view lags for longer than the owner wait: using the pod the API server has", "container", ref)
+				return current, ca, err
 			}
 			continue
 		case <-ctx.Done():

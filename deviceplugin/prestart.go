@@ -123,7 +123,7 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 			return nil, vgpu.ContainerAllocation{}, err
 		}
 		deleting := pod.DeletionTimestamp != nil
-		if !deleting && len(ca.GPUs) == len(ids) && slices.Equal(gpus, allocationGPUs(ca)) {
+		if !deleting && allocationFits(ca, ids, gpus) {
 			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca)
 		}
 		select {
@@ -157,23 +157,40 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 // than viewPod, is not being deleted, and its allocation fits ids on
 // gpus; false otherwise (no API client, the read failed, or no such pod).
 func (a *allocator) apiServerMatch(ctx context.Context, ref containerRef, ids, gpus []string, viewPod *corev1.Pod) (*corev1.Pod, vgpu.ContainerAllocation, bool) {
-	if a.live == nil {
-		return nil, vgpu.ContainerAllocation{}, false
-	}
-	current, err := a.currentPod(ctx, ref)
-	if err != nil || current.UID == viewPod.UID || current.DeletionTimestamp != nil {
-		return nil, vgpu.ContainerAllocation{}, false
-	}
-	alloc, ok, err := a.pods.Allocation(current)
-	if !ok || err != nil {
-		return nil, vgpu.ContainerAllocation{}, false
-	}
-	current, ca, err := a.containerAllocation(ref, current, alloc, nil)
-	if err != nil || len(ca.GPUs) != len(ids) || !slices.Equal(gpus, allocationGPUs(ca)) {
+	current, ca, err := a.livePodAllocation(ctx, ref)
+	if err != nil || current.UID == viewPod.UID || current.DeletionTimestamp != nil || !allocationFits(ca, ids, gpus) {
 		return nil, vgpu.ContainerAllocation{}, false
 	}
 	a.logger.Info("Pod view lags for longer than the owner wait: using the pod the API server has", "container", ref, "viewUID", viewPod.UID, "podUID", current.UID)
 	return current, ca, true
+}
+
+// errNoLiveAllocation means the API server's pod carries no allocation.
+var errNoLiveAllocation = errors.New("no " + vgpu.AnnotationPodAllocation + " annotation")
+
+// livePodAllocation reads ref's pod from the API server (currentPod) and
+// returns it with ref's container allocation: the read's error (also
+// without an API client), one wrapping errNoLiveAllocation, or
+// containerAllocation's refusal.
+func (a *allocator) livePodAllocation(ctx context.Context, ref containerRef) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+	if a.live == nil {
+		return nil, vgpu.ContainerAllocation{}, errors.New("no API server to read the pod from")
+	}
+	current, err := a.currentPod(ctx, ref)
+	if err != nil {
+		return nil, vgpu.ContainerAllocation{}, err
+	}
+	alloc, ok, err := a.pods.Allocation(current)
+	if !ok {
+		return nil, vgpu.ContainerAllocation{}, fmt.Errorf("pod %s/%s (UID %s): %w", ref.Namespace, ref.Pod, current.UID, errNoLiveAllocation)
+	}
+	return a.containerAllocation(ref, current, alloc, err)
+}
+
+// allocationFits reports whether ca has one slice per device of ids, on
+// exactly gpus (the sorted GPUs behind ids).
+func allocationFits(ca vgpu.ContainerAllocation, ids, gpus []string) bool {
+	return len(ca.GPUs) == len(ids) && slices.Equal(allocationGPUs(ca), gpus)
 }
 
 // currentAllocation confirms with the API server that pod, the view's pod
@@ -208,7 +225,7 @@ func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids
 	if err != nil {
 		return nil, vgpu.ContainerAllocation{}, err
 	}
-	if current.DeletionTimestamp != nil || len(cca.GPUs) != len(ids) || !slices.Equal(gpus, allocationGPUs(cca)) {
+	if current.DeletionTimestamp != nil || !allocationFits(cca, ids, gpus) {
 		return nil, vgpu.ContainerAllocation{}, refuse(ReasonAllocationMismatch, ref, current,
 			"container %s holds %d %s devices on GPUs %v, which neither pod %s/%s of the plugin's view (UID %s) nor the one the API server has now (UID %s, %d GPU slices on %v) can start with; the start is retried",
 			ref, len(ids), a.cfg.ResourceName, gpus, ref.Namespace, ref.Pod, pod.UID, current.UID, len(cca.GPUs), allocationGPUs(cca))
