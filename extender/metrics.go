@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -117,7 +118,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	m := &metrics{
 		bindPodReads:  bindPodReads,
 		staleReleased: staleReleased,
-		handler:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		handler:       &metricsHandler{reg: reg, st: s.state},
 		retries:       retries,
 		requests:      map[string]*prometheus.CounterVec{},
 		durations:     map[string]prometheus.ObserverVec{},
@@ -144,8 +145,15 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 
 // MetricNames returns the names of the metrics the extender exports on
 // /metrics (beside the Go runtime and process metrics), from its
-// registered collectors.
-func (s *Scheduler) MetricNames() []string { return s.metrics.set.Names() }
+// registered collectors and gpuFamilies.
+func (s *Scheduler) MetricNames() []string {
+	names := s.metrics.set.Names()
+	for _, f := range gpuFamilies {
+		names = append(names, f.name)
+	}
+	slices.Sort(names)
+	return names
+}
 
 // instrument counts and times the requests h answers for verb.
 func (m *metrics) instrument(verb string, h http.Handler) http.Handler {
@@ -169,51 +177,25 @@ func (m *metrics) bindResult(err error) {
 	}
 }
 
-// Descriptions of the series stateCollector computes at scrape time.
-var (
-	rejectionsDesc = prometheus.NewDesc(MetricFilterRejections,
-		"Nodes Filter turned away since the extender started, by reason: vgpu's Fit reasons and the extender's readiness reasons (Scheduler.Rejections).",
-		[]string{"reason"}, nil)
-	memoryAllocatedDesc = prometheus.NewDesc(MetricGPUMemoryAllocated,
-		"GPU memory held by the slices of pods bound to the GPU or being bound, in MiB, each pod counted at its peak.",
-		[]string{"node", "gpu"}, nil)
-	coresAllocatedDesc = prometheus.NewDesc(MetricGPUCoresAllocated,
-		"GPU compute reserved by the slices of pods bound to the GPU or being bound, in percent of the GPU.",
-		[]string{"node", "gpu"}, nil)
-	slicesAllocatedDesc = prometheus.NewDesc(MetricGPUSlicesAllocated,
-		"Slices (containers) held on the GPU by pods bound to it or being bound.",
-		[]string{"node", "gpu"}, nil)
-	memorySchedulableDesc = prometheus.NewDesc(MetricGPUMemorySchedulable,
-		"GPU memory slices may use, in MiB, as the node's device plugin published it (total minus reserve, times the memory scaling).",
-		[]string{"node", "gpu"}, nil)
-)
+// rejectionsDesc describes the counters stateCollector computes at scrape
+// time.
+var rejectionsDesc = prometheus.NewDesc(MetricFilterRejections,
+	"Nodes Filter turned away since the extender started, by reason: vgpu's Fit reasons and the extender's readiness reasons (Scheduler.Rejections).",
+	[]string{"reason"}, nil)
 
-// stateCollector computes the rejection counters and the per-GPU gauges
-// from the Scheduler's in-memory state when Prometheus scrapes; it makes
-// no API call.
+// stateCollector computes the rejection counters from the Scheduler's
+// in-memory state when Prometheus scrapes; it makes no API call. The
+// per-GPU gauges are written by metricsHandler.
 type stateCollector struct {
 	s *Scheduler
 }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{rejectionsDesc, memoryAllocatedDesc, coresAllocatedDesc, slicesAllocatedDesc, memorySchedulableDesc} {
-		ch <- d
-	}
+	ch <- rejectionsDesc
 }
 
-// gpuSample is one GPU's figures, copied under the state's read lock.
-type gpuSample struct {
-	node, gpu         string
-	memoryMiB         int64
-	coresPercent      int
-	slices            int
-	schedulableMemMiB int64
-}
-
-// Collect implements prometheus.Collector. It copies what it needs under
-// the state's read lock and sends nothing while holding it, so a slow
-// scrape never holds up the informers or a Bind.
+// Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range c.s.Rejections() {
 		label := string(reason)
@@ -222,34 +204,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- constMetric(rejectionsDesc, prometheus.CounterValue, float64(n), label)
 	}
-	for _, g := range c.s.state.gpuSamples() {
-		ch <- constMetric(memoryAllocatedDesc, prometheus.GaugeValue, float64(g.memoryMiB), g.node, g.gpu)
-		ch <- constMetric(coresAllocatedDesc, prometheus.GaugeValue, float64(g.coresPercent), g.node, g.gpu)
-		ch <- constMetric(slicesAllocatedDesc, prometheus.GaugeValue, float64(g.slices), g.node, g.gpu)
-		ch <- constMetric(memorySchedulableDesc, prometheus.GaugeValue, float64(g.schedulableMemMiB), g.node, g.gpu)
-	}
-}
-
-// gpuSamples returns the figures of every GPU in the inventory of every
-// Node that exists and published a valid one.
-func (st *clusterState) gpuSamples() []gpuSample {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	var out []gpuSample
-	for name, n := range st.nodes {
-		if !n.known || n.inventoryErr != nil {
-			continue
-		}
-		for _, g := range n.inventory.GPUs {
-			u := n.usage.GPU(g.UUID)
-			out = append(out, gpuSample{
-				node: name, gpu: g.UUID,
-				memoryMiB: u.MemoryMiB, coresPercent: u.CoresPercent, slices: u.Slices,
-				schedulableMemMiB: g.SchedulableMemoryMiB,
-			})
-		}
-	}
-	return out
 }
 
 // constMetric is a constant sample, or an invalid metric that makes the

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -275,26 +276,34 @@ func (p *Process) CPUTime() (time.Duration, error) {
 // Memory returns the process's resident memory now and its peak (VmRSS and VmHWM of
 // /proc/PID/status), in KiB.
 func (p *Process) Memory() (rssKiB, peakKiB int64, err error) {
+	v, err := p.status("VmRSS", "VmHWM")
+	return v["VmRSS"], v["VmHWM"], err
+}
+
+// ResidentSplit returns how the process's resident memory divides between anonymous pages
+// (its heap, stacks and data: what the code allocates) and pages of files it maps (its
+// binary's code and data as far as it touched them): RssAnon and RssFile of /proc/PID/status,
+// in KiB.
+func (p *Process) ResidentSplit() (anonKiB, fileKiB int64, err error) {
+	v, err := p.status("RssAnon", "RssFile")
+	return v["RssAnon"], v["RssFile"], err
+}
+
+// status reads the named KiB fields of /proc/PID/status.
+func (p *Process) status(keys ...string) (map[string]int64, error) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.PID), "status"))
 	if err != nil {
-		return 0, 0, fmt.Errorf("%s: %w", p.Name, err)
+		return nil, fmt.Errorf("%s: %w", p.Name, err)
 	}
+	out := make(map[string]int64, len(keys))
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, ":")
-		if !ok {
+		if !ok || !slices.Contains(keys, k) {
 			continue
 		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		switch k {
-		case "VmRSS":
-			rssKiB = n
-		case "VmHWM":
-			peakKiB = n
+		if f := strings.Fields(v); len(f) > 0 {
+			out[k], _ = strconv.ParseInt(f[0], 10, 64)
 		}
 	}
-	return rssKiB, peakKiB, nil
+	return out, nil
 }

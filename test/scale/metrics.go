@@ -143,9 +143,12 @@ const (
 	metricStackInuse   = "go_memstats_stack_inuse_bytes"
 	metricSys          = "go_memstats_sys_bytes"
 	metricNextGC       = "go_memstats_next_gc_bytes"
+	metricGCSys        = "go_memstats_gc_sys_bytes"
+	metricMSpanSys     = "go_memstats_mspan_sys_bytes"
+	metricOtherSys     = "go_memstats_other_sys_bytes"
 )
 
-var goMemGauges = []string{metricHeapIdle, metricHeapReleased, metricStackInuse, metricSys, metricNextGC}
+var goMemGauges = []string{metricHeapIdle, metricHeapReleased, metricStackInuse, metricSys, metricNextGC, metricGCSys, metricMSpanSys, metricOtherSys}
 
 // histogram is one Prometheus histogram: cumulative counts per upper bound, +Inf last.
 type histogram struct {

@@ -83,9 +83,11 @@ func (r PhaseResult) PodsPerSecond() float64 {
 	return float64(r.Bound) / r.Elapsed.Seconds()
 }
 
-// Memory is one process's resident memory now and at its peak, in KiB.
+// Memory is one process's resident memory now and at its peak, in KiB, and how the resident
+// memory now divides between anonymous pages and pages of mapped files (Process.ResidentSplit).
 type Memory struct {
-	RSSKiB, PeakKiB int64
+	RSSKiB, PeakKiB  int64
+	AnonKiB, FileKiB int64
 }
 
 // RunPhase creates the phase's pods and waits until all are bound or the phase's timeout
@@ -190,9 +192,15 @@ func (h *Harness) Memory() map[string]Memory {
 	out := map[string]Memory{}
 	for _, name := range controlPlane() {
 		if p := h.process(name); p != nil {
-			if rss, peak, err := p.Memory(); err == nil {
-				out[name] = Memory{RSSKiB: rss, PeakKiB: peak}
+			rss, peak, err := p.Memory()
+			if err != nil {
+				continue
 			}
+			m := Memory{RSSKiB: rss, PeakKiB: peak}
+			if anon, file, err := p.ResidentSplit(); err == nil {
+				m.AnonKiB, m.FileKiB = anon, file
+			}
+			out[name] = m
 		}
 	}
 	return out

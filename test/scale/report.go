@@ -64,16 +64,16 @@ func WriteResult(w io.Writer, r BenchResult) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprint(w, "memory after the GPU phase (RSS/peak):")
+	fmt.Fprint(w, "memory after the GPU phase (RSS/peak, RSS of anonymous pages + mapped files):")
 	for _, name := range controlPlane() {
 		if m, ok := r.GPU.Memory[name]; ok {
-			fmt.Fprintf(w, " %s %s/%s;", name, mib(m.RSSKiB), mib(m.PeakKiB))
+			fmt.Fprintf(w, " %s %s/%s (%s + %s);", name, mib(m.RSSKiB), mib(m.PeakKiB), mib(m.AnonKiB), mib(m.FileKiB))
 		}
 	}
 	fmt.Fprintf(w, " extender Go heap in use %.0f MiB\n", r.GPU.ExtenderHeapMiB)
 	if g := r.GPU.ExtenderGoMiB; len(g) > 0 {
-		fmt.Fprintf(w, "extender Go memory: heap in use %.0f MiB, heap idle not returned to the OS %.0f MiB, stacks %.0f MiB, obtained from the OS %.0f MiB, next collection at a heap of %.0f MiB\n",
-			r.GPU.ExtenderHeapMiB, g[metricHeapIdle]-g[metricHeapReleased], g[metricStackInuse], g[metricSys], g[metricNextGC])
+		fmt.Fprintf(w, "extender Go memory: heap in use %.0f MiB, heap idle not returned to the OS %.0f MiB, stacks %.0f MiB, the runtime's own (collector, spans, other) %.0f MiB, obtained from the OS %.0f MiB (%.0f MiB of it returned), next collection at a heap of %.0f MiB\n",
+			r.GPU.ExtenderHeapMiB, g[metricHeapIdle]-g[metricHeapReleased], g[metricStackInuse], g[metricGCSys]+g[metricMSpanSys]+g[metricOtherSys], g[metricSys], g[metricHeapReleased], g[metricNextGC])
 	}
 	fmt.Fprintf(w, "heartbeat renewals: %d sent, %d failed", r.HeartbeatRenewals, r.HeartbeatFailures)
 	if r.HeartbeatError != "" {
