@@ -74,18 +74,22 @@ type allocator struct {
 	inv  *inventory
 	pods podSource // nil: no API client, no allocations
 	// live lists the node's pods from the API server itself (API.NodePods),
-	// to confirm at each container start that the view's pod of that name
-	// is the pod the API server has now; nil trusts the view.
+	// for GetPreferredAllocation when the view lags the kubelet; nil trusts
+	// the view, at container starts too (livePod).
 	live cache.ListerWithContext
 	// liveCalls shares live's lists among concurrent callers (livePods);
 	// nil lists once per call.
 	liveCalls *shared[[]*corev1.Pod]
-	lister    podLister     // the kubelet's PodResources (coalesced)
-	events    eventRecorder // nil: no events
-	claims    *claimStore
-	clock     clock.WithTicker
-	t         timings
-	logger    klog.Logger
+	// livePod reads one pod from the API server (API.Pod), to confirm at
+	// each container start that the view's pod of that name is the pod the
+	// API server has now (currentPod); set whenever live is.
+	livePod func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	lister  podLister     // the kubelet's PodResources (coalesced)
+	events  eventRecorder // nil: no events
+	claims  *claimStore
+	clock   clock.WithTicker
+	t       timings
+	logger  klog.Logger
 	// metrics counts Allocate and PreStartContainer results; nil counts
 	// nothing.
 	metrics *pluginMetrics

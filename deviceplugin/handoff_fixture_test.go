@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
@@ -187,11 +189,34 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 	}
 	f.alloc = &allocator{
 		cfg: cfg, inv: inv, pods: f.view, live: cache.ToListerWithContext(clientset.New(f.client).NodePods(cfg.NodeName)),
-		lister: f.podRes, events: f.events, claims: claims,
+		livePod: clientset.New(f.client).Pod,
+		lister:  f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
 	f.useFacts(handoff.NodeFacts{})
 	return f
+}
+
+// apiServerHas makes the API server the allocator reads when its view may
+// lag hold exactly pods (copies).
+func (f *handoffFixture) apiServerHas(pods ...*corev1.Pod) {
+	objs := make([]runtime.Object, len(pods))
+	for i, p := range pods {
+		objs[i] = p.DeepCopy()
+	}
+	api := clientset.New(fake.NewClientset(objs...))
+	f.alloc.live = cache.ToListerWithContext(api.NodePods(f.alloc.cfg.NodeName))
+	f.alloc.livePod = api.Pod
+}
+
+// apiServerDown makes every read of the API server the allocator makes
+// fail, as when it does not answer.
+func (f *handoffFixture) apiServerDown() {
+	down := errors.New("connection refused")
+	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, down
+	}}
+	f.alloc.livePod = func(context.Context, string, string) (*corev1.Pod, error) { return nil, down }
 }
 
 // useFacts makes the allocator enforce what the plugin would pick on a

@@ -31,6 +31,9 @@ type API interface {
 	// NodePods lists and watches, for an informer, the pods in every
 	// namespace whose spec.nodeName is node. The API server filters them.
 	NodePods(node string) cache.ListerWatcher
+	// Pod reads one pod: a consistent read, as a GET without a resource
+	// version is.
+	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// CreateEvent creates event in event.Namespace.
 	CreateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error)
 }
@@ -70,9 +73,9 @@ func NewAPI(cfg *rest.Config) (API, error) {
 		c := rest.CopyConfig(cfg)
 		if c.QPS == 0 && c.Burst == 0 && c.RateLimiter == nil {
 			// The kubelet's own client limits, not client-go's 5/10: each
-			// container start confirms its pod with one list of the node's
-			// pods, and a burst of 40 starts on one node would otherwise
-			// queue behind the limiter for seconds.
+			// container start confirms its pod with one read of it, and a
+			// burst of 40 starts on one node would otherwise queue behind
+			// the limiter for seconds.
 			c.QPS, c.Burst = clientQPS, clientBurst
 		}
 		c.APIPath = apiPath
@@ -152,6 +155,13 @@ func (a *restAPI) UpdateLease(ctx context.Context, lease *coordinationv1.Lease, 
 // NodePods implements API.
 func (a *restAPI) NodePods(node string) cache.ListerWatcher {
 	return cache.NewListWatchFromClient(a.core, "pods", metav1.NamespaceAll, fields.OneTermEqualSelector("spec.nodeName", node))
+}
+
+// Pod implements API.
+func (a *restAPI) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	out := &corev1.Pod{}
+	err := a.core.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(out)
+	return out, err
 }
 
 // CreateEvent implements API.

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
@@ -23,13 +25,26 @@ type podLister interface {
 	List(ctx context.Context) ([]*podresourcesapi.PodResources, error)
 }
 
+// podConnIdle is how long the PodResources connection stays open after
+// its last call.
+const podConnIdle = 10 * time.Second
+
 // podResourcesClient is the real podLister: the kubelet's PodResources v1
-// service on a unix socket. Each List dials afresh (a unix socket costs
-// little, and List is rare and coalesced): no connection outlives a kubelet
-// restart and nothing reconnects, or logs, in the background while the
-// kubelet is away.
+// service on a unix socket. Its connection is kept while calls succeed, so
+// that the Lists of a burst of pods do not each dial: the kubelet admits
+// pods one at a time, and GetPreferredAllocation's List is on that path.
+// A dial and a List cost 0.5 ms against 0.07 ms for a List alone on an
+// idle machine, in goroutines on both sides. The connection closes after
+// podConnIdle without a call (grpc's idle mode), and is dropped at once
+// when a call finds the kubelet gone (Unavailable): the next List dials
+// afresh, so no connection outlives a kubelet restart, and nothing
+// reconnects, or logs, in the background while the kubelet is away (a
+// kept connection would retry with a back-off of up to two minutes, and
+// fail every call meanwhile). Safe for concurrent use.
 type podResourcesClient struct {
 	target string
+	mu     sync.Mutex
+	conn   *grpc.ClientConn
 }
 
 // newPodResourcesClient returns a client for the socket at path (absolute).
@@ -42,18 +57,44 @@ func newPodResourcesClient(path string) *podResourcesClient {
 // kubelet does not answer and with codes.ResourceExhausted above the
 // kubelet's rate limit.
 func (c *podResourcesClient) List(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
-	conn, err := grpc.NewClient(c.target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := c.connection()
 	if err != nil {
-		return nil, fmt.Errorf("PodResources client for %s: %w", c.target, err)
+		return nil, err
 	}
-	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithTimeout(ctx, podListTimeout)
 	defer cancel()
 	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
+		if status.Code(err) == codes.Unavailable {
+			c.drop(conn)
+		}
 		return nil, fmt.Errorf("PodResources List: %w", err)
 	}
 	return resp.GetPodResources(), nil
+}
+
+// connection returns the kept connection, or a new one.
+func (c *podResourcesClient) connection() (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		conn, err := grpc.NewClient(c.target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithIdleTimeout(podConnIdle))
+		if err != nil {
+			return nil, fmt.Errorf("PodResources client for %s: %w", c.target, err)
+		}
+		c.conn = conn
+	}
+	return c.conn, nil
+}
+
+// drop closes conn and forgets it, unless another call replaced it already.
+func (c *podResourcesClient) drop(conn *grpc.ClientConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == conn {
+		c.conn = nil
+	}
+	_ = conn.Close()
 }
 
 // coalescingLister shares PodResources List calls among concurrent

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,6 +121,40 @@ func (s *podResourcesServer) List(context.Context, *podresourcesapi.ListPodResou
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{{Namespace: "default", Name: "p"}}}, nil
 }
 
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	accepted atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// servePodResources serves a podResourcesServer (rejecting the first reject
+// calls) on socket until the returned stop is called.
+func servePodResources(t *testing.T, socket string, reject int) (*countingListener, func()) {
+	t.Helper()
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := &countingListener{Listener: lis}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{reject: reject})
+	go func() { _ = srv.Serve(counted) }()
+	return counted, srv.Stop
+}
+
+// TestPodResourcesClient checks the PodResources client against a kubelet
+// that is not there, rate-limits, serves, goes away and comes back: it
+// fails fast while the kubelet is away, keeps one connection for the calls
+// in between, and reaches the kubelet that came back at the next call,
+// without a back-off.
 func TestPodResourcesClient(t *testing.T) {
 	dir, err := os.MkdirTemp("", "prc") // short: unix socket paths are limited
 	if err != nil {
@@ -132,15 +167,7 @@ func TestPodResourcesClient(t *testing.T) {
 		t.Errorf("List with no kubelet = %v, want Unavailable", err)
 	}
 
-	lis, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{reject: 1})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-
+	lis, stop := servePodResources(t, socket, 1)
 	var pods []*podresourcesapi.PodResources
 	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		var listErr error
@@ -152,5 +179,25 @@ func TestPodResourcesClient(t *testing.T) {
 	})
 	if err != nil || len(pods) != 1 || pods[0].GetName() != "p" {
 		t.Fatalf("List = %v, %v; want pod p", pods, err)
+	}
+	for range 5 {
+		if _, err := client.List(context.Background()); err != nil {
+			t.Fatalf("List: %v", err)
+		}
+	}
+	if n := lis.accepted.Load(); n != 1 {
+		t.Errorf("the kubelet accepted %d connections for 6 successful Lists and a rate-limited one, want 1", n)
+	}
+
+	// The kubelet restarts: its socket goes, and a new one is served.
+	stop()
+	_ = os.Remove(socket)
+	if _, err := client.List(context.Background()); status.Code(err) != codes.Unavailable {
+		t.Errorf("List with the kubelet gone = %v, want Unavailable", err)
+	}
+	_, stop = servePodResources(t, socket, 0)
+	t.Cleanup(stop)
+	if pods, err := client.List(context.Background()); err != nil || len(pods) != 1 {
+		t.Errorf("first List once the kubelet is back = %v, %v; want pod p at once", pods, err)
 	}
 }

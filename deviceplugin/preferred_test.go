@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -10,13 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -109,7 +103,7 @@ func TestGetPreferredAllocation(t *testing.T) {
 			name: "the view lags the kubelet: the pod it admits is read from the API server", pods: []*corev1.Pod{mid}, unlisted: []string{"mid"}, avail: devicesOf(), size: 1, want: []string{DeviceID(gpuB, 0)},
 			setup: func(f *handoffFixture) {
 				f.podRes.admit("default", "old")
-				f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(mid.DeepCopy(), old.DeepCopy())).NodePods("node-1"))
+				f.apiServerHas(mid, old)
 			},
 		},
 		{name: "no pending pod: must-include first, then the kubelet's order", avail: devicesOf(), must: []string{DeviceID(gpuB, 3)}, size: 2, want: []string{DeviceID(gpuB, 3), DeviceID(gpuA, 0)}},
@@ -197,14 +191,6 @@ func setAllocation(pod *corev1.Pod, b *vgputest.AllocationBuilder) {
 	}
 }
 
-// unreachableAPIServer is a live pod lister whose API server does not
-// answer (it is restarting, say).
-func unreachableAPIServer() cache.ListerWithContext {
-	return &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
-		return nil, errors.New("connection refused")
-	}}
-}
-
 // TestPreferredNeverGuessesAPodTheKubeletDoesNotList: the kubelet lists
 // the pod it admits before asking, so an older pod of the view that it
 // does not list is not the one asking, even when neither the view nor the
@@ -216,7 +202,7 @@ func TestPreferredNeverGuessesAPodTheKubeletDoesNotList(t *testing.T) {
 	f := newHandoff(t, nil)
 	f.addViewPod(gpuPod("older", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
 	f.podRes.admit("default", "asking") // not in the view yet
-	f.alloc.live = unreachableAPIServer()
+	f.apiServerDown()
 	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuA, 0)}; !cmp.Equal(want, got) {
 		t.Errorf("preferred %v, want the kubelet's own order %v, not the unlisted pod's GPU", got, want)
 	}
@@ -265,7 +251,7 @@ func TestPreferredAsksTheAPIServerWhenTheViewShowsAnEarlierPod(t *testing.T) {
 	f.addPod(old)
 	recreated := gpuPod("web-0", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main")
 	recreated.UID = "uid-web-0-again"
-	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	f.apiServerHas(recreated)
 	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuB, 0)}; !cmp.Equal(want, got) {
 		t.Errorf("preferred %v, want %v (the recreated pod's GPU)", got, want)
 	}

@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -13,13 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpuslice/gpuslice/deviceplugin/clientset"
 	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -228,7 +222,7 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 	f.addPod(old)
 	recreated := recreatedWeb0()
 	// The API server has only the new pod; the plugin's view still shows the old one.
-	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	f.apiServerHas(recreated)
 	id := DeviceID(gpuB, 0)
 	f.podRes.hold("default", "web-0", "main", id)
 
@@ -237,9 +231,7 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 	}
 	wantRecreatedSpec(t, f, id)
 
-	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
-		return nil, errors.New("connection refused")
-	}}
+	f.apiServerDown()
 	err := f.preStart(id)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot confirm with the API server") || !strings.Contains(err.Error(), "retried") {
 		t.Errorf("preStart with the API server down = %v, want FailedPrecondition saying the pod cannot be confirmed and the start is retried", err)
@@ -299,13 +291,13 @@ func TestPreStartAsksTheAPIServerWhenTheViewStaysStale(t *testing.T) {
 	f := newHandoff(t, nil)
 	old, id := staleWeb0(f)
 
-	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(old.DeepCopy())).NodePods("node-1"))
+	f.apiServerHas(old)
 	if err := f.preStart(id); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), ReasonAllocationMismatch) {
 		t.Fatalf("preStart with the old pod on the API server too = %v, want FailedPrecondition %s", err, ReasonAllocationMismatch)
 	}
 
 	recreated := recreatedWeb0()
-	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(recreated)).NodePods("node-1"))
+	f.apiServerHas(recreated)
 	if err := f.preStart(id); err != nil {
 		t.Fatalf("preStart with the new pod on the API server and the old one in the view: %v", err)
 	}
@@ -319,7 +311,7 @@ func TestPreStartAsksTheAPIServerForAPodMissingFromTheView(t *testing.T) {
 	f := newHandoff(t, nil)
 	f.alloc.t.Budget = 10 * time.Second
 	pod := gpuPod("unseen", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main")
-	f.alloc.live = cache.ToListerWithContext(clientset.New(fake.NewClientset(pod)).NodePods("node-1"))
+	f.apiServerHas(pod)
 	id := DeviceID(gpuB, 0)
 	f.podRes.hold("default", "unseen", "main", id)
 	if err := f.preStart(id); err != nil {

@@ -47,6 +47,11 @@ func (a *API) NodePods(node string) cache.ListerWatcher {
 	}, a.client)
 }
 
+// Pod implements deviceplugin.API.
+func (a *API) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return a.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
 // CreateEvent creates event in event.Namespace.
 func (a *API) CreateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error) {
 	return a.client.CoreV1().Events(event.Namespace).Create(ctx, event, metav1.CreateOptions{})
