@@ -84,12 +84,15 @@ type allocator struct {
 	// each container start that the view's pod of that name is the pod the
 	// API server has now (currentPod); set whenever live is.
 	livePod func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
-	lister  podLister     // the kubelet's PodResources (coalesced)
-	events  eventRecorder // nil: no events
-	claims  *claimStore
-	clock   clock.WithTicker
-	t       timings
-	logger  klog.Logger
+	lister  podLister // the kubelet's PodResources (coalesced)
+	// admitLister is the kubelet's PodResources for GetPreferredAllocation,
+	// not coalesced with the container starts' calls (nil: lister).
+	admitLister podLister
+	events      eventRecorder // nil: no events
+	claims      *claimStore
+	clock       clock.WithTicker
+	t           timings
+	logger      klog.Logger
 	// metrics counts Allocate and PreStartContainer results; nil counts
 	// nothing.
 	metrics *pluginMetrics

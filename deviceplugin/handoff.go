@@ -44,15 +44,17 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 			logger.Error(err, "Starting without the env-mode checkpoint: containers allocated before cannot be verified and will not restart")
 		}
 	}
+	podResources := newPodResourcesClient(p.cfg.PodResourcesSocket)
 	a := &allocator{
-		cfg:     p.cfg,
-		inv:     inv,
-		lister:  newCoalescingLister(newPodResourcesClient(p.cfg.PodResourcesSocket)),
-		claims:  claims,
-		clock:   p.opts.Clock,
-		t:       defaultTimings(),
-		logger:  logger.WithName("handoff"),
-		metrics: p.metrics,
+		cfg:         p.cfg,
+		inv:         inv,
+		lister:      newCoalescingLister(podResources),
+		admitLister: podResources,
+		claims:      claims,
+		clock:       p.opts.Clock,
+		t:           defaultTimings(),
+		logger:      logger.WithName("handoff"),
+		metrics:     p.metrics,
 	}
 	var stops []func()
 	if p.opts.Client != nil {

@@ -69,7 +69,7 @@ func (a *allocator) preferOne(ctx context.Context, creq *pluginapi.ContainerPref
 	delay := a.t.RetryInitial
 	for {
 		changed := a.pods.Changed()
-		pods, err := a.lister.List(listCtx)
+		pods, err := a.admitList(listCtx)
 		if err != nil {
 			// Its rate limit rejects at once: a guess now would put the
 			// devices on GPUs Allocate then refuses, so ask again while
@@ -358,4 +358,15 @@ func listedPods(pods []*podresourcesapi.PodResources) map[types.NamespacedName]b
 		out[types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}] = true
 	}
 	return out
+}
+
+// admitList lists the kubelet's pods for GetPreferredAllocation. The
+// kubelet admits a node's pods one at a time and waits for this call, so it
+// does not join the container starts' shared calls: joining one waits for
+// the call in flight to end and then for a call of its own.
+func (a *allocator) admitList(ctx context.Context) ([]*podresourcesapi.PodResources, error) {
+	if a.admitLister != nil {
+		return a.admitLister.List(ctx)
+	}
+	return a.lister.List(ctx)
 }
