@@ -74,15 +74,12 @@ type allocator struct {
 	inv  *inventory
 	pods podSource // nil: no API client, no allocations
 	// live lists the node's pods from the API server itself (API.NodePods),
-	// for GetPreferredAllocation when the view lags the kubelet; nil trusts
-	// the view, at container starts too (livePod).
+	// for the kubelet's admission when the view lags it (livePods); nil
+	// trusts the view.
 	live cache.ListerWithContext
-	// liveCalls shares live's lists among concurrent callers (livePods);
-	// nil lists once per call.
-	liveCalls *shared[[]*corev1.Pod]
 	// livePod reads one pod from the API server (API.Pod), to confirm at
 	// each container start that the view's pod of that name is the pod the
-	// API server has now (currentPod); set whenever live is.
+	// API server has now (currentPod); nil trusts the view.
 	livePod func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	lister  podLister // the kubelet's PodResources (coalesced)
 	// admitLister is the kubelet's PodResources for GetPreferredAllocation,

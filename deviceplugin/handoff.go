@@ -65,7 +65,6 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		view.start(ctx)
 		a.pods = view
 		a.live = cache.ToListerWithContext(p.opts.Client.NodePods(p.cfg.NodeName))
-		a.liveCalls = newShared(a.listLive, podListTimeout, "list the node's pods")
 		a.livePod = p.opts.Client.Pod
 		a.events = p.events
 		stops = append(stops, view.stop)

@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -218,6 +220,27 @@ func (a *allocator) livePending(ctx context.Context, held map[containerRef][]str
 		return nil, err
 	}
 	return listedPending(a.pendingContainers(pods, held), listed), nil
+}
+
+// livePods lists the pods bound to this node from the API server: a
+// consistent list, for when the view may lag, made after the call began.
+// Only the kubelet's admission asks for it (GetPreferredAllocation and
+// Allocate, one pod at a time), so calls are not shared: sharing would
+// make one wait for a list in flight to end, then for a list of its own.
+func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
+	obj, err := a.live.ListWithContext(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of node %s: %w", a.cfg.NodeName, err)
+	}
+	list, ok := obj.(*corev1.PodList)
+	if !ok {
+		return nil, fmt.Errorf("list the pods of node %s: got a %T", a.cfg.NodeName, obj)
+	}
+	pods := make([]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		pods[i] = &list.Items[i]
+	}
+	return pods, nil
 }
 
 // listedPending keeps the containers of pending whose pods are in listed.

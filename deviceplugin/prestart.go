@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -174,7 +173,7 @@ var errNoLiveAllocation = errors.New("no " + vgpu.AnnotationPodAllocation + " an
 // without an API client), one wrapping errNoLiveAllocation, or
 // containerAllocation's refusal.
 func (a *allocator) livePodAllocation(ctx context.Context, ref containerRef) (*corev1.Pod, vgpu.ContainerAllocation, error) {
-	if a.live == nil {
+	if a.livePod == nil {
 		return nil, vgpu.ContainerAllocation{}, errors.New("no API server to read the pod from")
 	}
 	current, err := a.currentPod(ctx, ref)
@@ -206,7 +205,7 @@ func allocationFits(ca vgpu.ContainerAllocation, ids, gpus []string) bool {
 // retries): a container must not start with an allocation nobody
 // confirmed is its own.
 func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation) (*corev1.Pod, vgpu.ContainerAllocation, error) {
-	if a.live == nil {
+	if a.livePod == nil {
 		return pod, ca, nil
 	}
 	current, err := a.currentPod(ctx, ref)
@@ -249,35 +248,6 @@ func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.P
 		return pod, nil
 	}
 	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
-}
-
-// livePods reads the pods bound to this node from the API server: a
-// consistent list, for when the view may lag, made after the call began.
-// Concurrent calls (a burst of container starts) share lists (shared), so
-// that they neither queue behind the API client's rate limit nor load the
-// API server with one list each. The pods are shared: read only.
-func (a *allocator) livePods(ctx context.Context) ([]*corev1.Pod, error) {
-	if a.liveCalls != nil {
-		return a.liveCalls.do(ctx)
-	}
-	return a.listLive(ctx)
-}
-
-// listLive is one list of livePods.
-func (a *allocator) listLive(ctx context.Context) ([]*corev1.Pod, error) {
-	obj, err := a.live.ListWithContext(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list the pods of node %s: %w", a.cfg.NodeName, err)
-	}
-	list, ok := obj.(*corev1.PodList)
-	if !ok {
-		return nil, fmt.Errorf("list the pods of node %s: got a %T", a.cfg.NodeName, obj)
-	}
-	pods := make([]*corev1.Pod, len(list.Items))
-	for i := range list.Items {
-		pods[i] = &list.Items[i]
-	}
-	return pods, nil
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the
