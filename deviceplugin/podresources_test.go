@@ -136,7 +136,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 }
 
 // servePodResources serves a podResourcesServer (rejecting the first reject
-// calls) on socket until the returned stop is called.
+// calls) on socket until the returned stop is called, or the test ends.
 func servePodResources(t *testing.T, socket string, reject int) (*countingListener, func()) {
 	t.Helper()
 	lis, err := net.Listen("unix", socket)
@@ -147,6 +147,7 @@ func servePodResources(t *testing.T, socket string, reject int) (*countingListen
 	srv := grpc.NewServer()
 	podresourcesapi.RegisterPodResourcesListerServer(srv, &podResourcesServer{reject: reject})
 	go func() { _ = srv.Serve(counted) }()
+	t.Cleanup(srv.Stop)
 	return counted, srv.Stop
 }
 
@@ -195,8 +196,7 @@ func TestPodResourcesClient(t *testing.T) {
 	if _, err := client.List(context.Background()); status.Code(err) != codes.Unavailable {
 		t.Errorf("List with the kubelet gone = %v, want Unavailable", err)
 	}
-	_, stop = servePodResources(t, socket, 0)
-	t.Cleanup(stop)
+	servePodResources(t, socket, 0)
 	if pods, err := client.List(context.Background()); err != nil || len(pods) != 1 {
 		t.Errorf("first List once the kubelet is back = %v, %v; want pod p at once", pods, err)
 	}
