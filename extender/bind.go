@@ -149,8 +149,9 @@ func (s *Scheduler) placed(pod *corev1.Pod, entry *podEntry) {
 // preconditions refuse them too, but without a request.
 func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (pod *corev1.Pod, seen bool, err error) {
 	obj, seen := s.cachedPod(args.PodNamespace, args.PodName, args.PodUID)
-	pod, _ = obj.(*corev1.Pod)
-	if pod == nil {
+	if p, ok := obj.(*gpuPod); ok {
+		pod = p.pod()
+	} else {
 		s.metrics.bindPodReads.Inc()
 		if pod, err = s.client.CoreV1().Pods(args.PodNamespace).Get(ctx, args.PodName, metav1.GetOptions{}); err != nil {
 			return nil, false, fmt.Errorf("get pod %s/%s: %w", args.PodNamespace, args.PodName, err)

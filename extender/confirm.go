@@ -84,7 +84,7 @@ func (s *Scheduler) bound(pod *corev1.Pod, seen bool) {
 }
 
 // cachedPod returns what the pod informer's cache holds for the pod
-// namespace/name with uid (a *corev1.Pod, or a *podMeta for a pod that asks
+// namespace/name with uid (a *gpuPod, or a *podMeta for a pod that asks
 // for no GPU), and false when it holds nothing of that name and UID.
 func (s *Scheduler) cachedPod(namespace, name string, uid types.UID) (any, bool) {
 	store := s.pods.Load()
@@ -97,7 +97,7 @@ func (s *Scheduler) cachedPod(namespace, name string, uid types.UID) (any, bool)
 	}
 	var got types.UID
 	switch o := obj.(type) {
-	case *corev1.Pod:
+	case *gpuPod:
 		got = o.UID
 	case *podMeta:
 		got = o.UID

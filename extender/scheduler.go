@@ -65,7 +65,7 @@ type Scheduler struct {
 	// binds bounds the binds waiting for the API client.
 	binds bindGate
 	// pods is the pod informer's store once WatchCluster started it;
-	// Bind reads pods from it. It holds *corev1.Pod for pods that ask for
+	// Bind reads pods from it. It holds *gpuPod for pods that ask for
 	// a hami.io resource or carry hami.io/ annotations and
 	// *podMeta for the others (trimmer).
 	pods atomic.Pointer[cache.Indexer]
@@ -287,9 +287,9 @@ func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) ca
 		case *podMeta:
 			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
 			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: *o.objectMeta()}, o.Terminal) // no allocation: cannot fail
-		case *corev1.Pod:
-			if err := st.upsertPod(o); err != nil {
-				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KObj(o), "node", o.Spec.NodeName, "err", err.Error())
+		case *gpuPod:
+			if err := st.upsertPod(o.pod()); err != nil {
+				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KRef(o.Namespace, o.Name), "node", o.NodeName, "err", err.Error())
 			}
 		}
 	}, func(obj any) {
@@ -332,9 +332,9 @@ func (s *Scheduler) podArrival() func(obj any) {
 // trimmer returns the informers' transform: it drops from each object
 // what the extender never reads, to keep cluster-wide caches small. Of a
 // Pod that asks for a hami.io resource or carries hami.io/ annotations it
-// keeps its identity, those annotations (not, say, kubectl's
-// last-applied-configuration), node, phase, overhead and its containers'
-// names, resources and restart policies. Every other pod — most pods of a
+// keeps a gpuPod: its identity, those annotations (not, say, kubectl's
+// last-applied-configuration), node, phase, overhead, claims and its
+// containers' names, resources and restart policies. Every other pod — most pods of a
 // cluster, which the extender never binds — becomes a podMeta: its
 // identity, node, whether it finished and its CPU and memory request, a
 // fifth of the size of an empty corev1.Pod. A Node becomes a nodeMeta
@@ -352,18 +352,7 @@ func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.Transform
 			if annotations == nil && !vgpu.AsksForGPU(o) {
 				return metaOf(o), nil
 			}
-			p := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{
-					Name: o.Name, Namespace: o.Namespace, UID: o.UID,
-					ResourceVersion: o.ResourceVersion, Annotations: annotations,
-					DeletionTimestamp: o.DeletionTimestamp,
-				},
-				Spec:   corev1.PodSpec{NodeName: o.Spec.NodeName, Overhead: o.Spec.Overhead, ResourceClaims: o.Spec.ResourceClaims},
-				Status: corev1.PodStatus{Phase: o.Status.Phase},
-			}
-			p.Spec.InitContainers = trimContainers(o.Spec.InitContainers)
-			p.Spec.Containers = trimContainers(o.Spec.Containers)
-			return p, nil
+			return gpuPodOf(o, annotations), nil
 		case *corev1.Node:
 			return nodeMetaOf(o, resource, reuse), nil
 		case *resourcev1.ResourceClaim:
@@ -395,17 +384,6 @@ func keepAnnotations(in map[string]string) map[string]string {
 			}
 			out[k] = v
 		}
-	}
-	return out
-}
-
-func trimContainers(cs []corev1.Container) []corev1.Container {
-	if cs == nil {
-		return nil
-	}
-	out := make([]corev1.Container, len(cs))
-	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy}
 	}
 	return out
 }

@@ -243,7 +243,11 @@ func TestTrim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trimmed := obj.(*corev1.Pod)
+	kept, ok := obj.(*gpuPod)
+	if !ok {
+		t.Fatalf("trimmed GPU pod is a %T, want a *gpuPod", obj)
+	}
+	trimmed := kept.pod()
 	want, _ := demandOf(pod)
 	got, _ := demandOf(trimmed)
 	if diff := cmp.Diff(want.pod, got.pod); diff != "" || want.uid != got.uid {
@@ -255,6 +259,23 @@ func TestTrim(t *testing.T) {
 	}
 	if trimmed.Labels != nil || trimmed.Spec.Containers[0].Env != nil || len(trimmed.Annotations) != 2 {
 		t.Errorf("trimmed pod kept labels, env or annotations other than hami.io/: %+v", trimmed)
+	}
+	// The store keys it and reads its identity as it does a Pod's, and a
+	// deep copy shares nothing with it.
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err != nil || key != pod.Namespace+"/"+pod.Name {
+		t.Errorf("store key of the trimmed GPU pod = %q, %v; want %q", key, err, pod.Namespace+"/"+pod.Name)
+	}
+	if m, err := meta.Accessor(obj); err != nil || m.GetUID() != pod.UID || m.GetAnnotations()[vgpu.AnnotationPodAllocation] == "" {
+		t.Errorf("meta.Accessor of the trimmed GPU pod: %v, %v", m, err)
+	}
+	cp := kept.DeepCopyObject().(*gpuPod)
+	if diff := cmp.Diff(kept, cp); diff != "" {
+		t.Errorf("deep copy (-kept +copy):\n%s", diff)
+	}
+	cp.Annotations[vgpu.AnnotationPodAllocation] = "changed"
+	cp.Containers[0].Resources.Limits[vgpu.ResourceGPU] = resource.MustParse("7")
+	if kept.Annotations[vgpu.AnnotationPodAllocation] == "changed" || kept.Containers[0].Resources.Limits.Name(vgpu.ResourceGPU, resource.DecimalSI).Value() == 7 {
+		t.Error("a change to the deep copy changed the cached pod")
 	}
 
 	// A pod that asks for no GPU is kept as its identity, node and host request only.

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -184,11 +182,11 @@ func (s *Scheduler) podArrived(obj any) {
 			return
 		}
 		pod.Host = o.Host
-	case *corev1.Pod:
-		if terminal(o.Status.Phase) || len(o.Spec.ResourceClaims) > 0 && s.dra != nil {
+	case *gpuPod:
+		if terminal(o.Phase) || len(o.ResourceClaims) > 0 && s.dra != nil {
 			return
 		}
-		d, err := podDemandOf(o)
+		d, err := podDemandOf(o.pod())
 		if err != nil {
 			return
 		}
