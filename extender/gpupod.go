@@ -69,10 +69,7 @@ func gpuContainersOf(cs []corev1.Container) []gpuContainer {
 // maps and slices, which callers only read.
 func (p *gpuPod) pod() *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			Annotations: p.Annotations, DeletionTimestamp: p.DeletionTimestamp,
-		},
+		ObjectMeta: *p.objectMeta(),
 		Spec: corev1.PodSpec{
 			NodeName: p.NodeName, Overhead: p.Overhead, ResourceClaims: p.ResourceClaims,
 			InitContainers: containersOf(p.InitContainers),
@@ -111,7 +108,9 @@ func (p *gpuPod) DeepCopyObject() runtime.Object {
 
 // GetObjectMeta returns p's identity and annotations as an ObjectMeta,
 // built on each call.
-func (p *gpuPod) GetObjectMeta() metav1.Object {
+func (p *gpuPod) GetObjectMeta() metav1.Object { return p.objectMeta() }
+
+func (p *gpuPod) objectMeta() *metav1.ObjectMeta {
 	return &metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		Annotations: p.Annotations, DeletionTimestamp: p.DeletionTimestamp,
