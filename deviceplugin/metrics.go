@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -21,7 +22,22 @@ const (
 	MetricGPUHealthy    = "gpuslice_deviceplugin_gpu_healthy"
 	MetricPreStart      = "gpuslice_deviceplugin_prestart_total"
 	MetricAllocate      = "gpuslice_deviceplugin_allocate_total"
+	MetricCallDuration  = "gpuslice_deviceplugin_call_duration_seconds"
 )
+
+// Values of MetricCallDuration's call label: the kubelet's calls of the
+// hand-off.
+const (
+	CallGetPreferredAllocation = "GetPreferredAllocation"
+	CallAllocate               = "Allocate"
+	CallPreStartContainer      = "PreStartContainer"
+)
+
+// callBuckets are MetricCallDuration's buckets, in seconds: the kubelet
+// admits a node's pods one at a time and waits for GetPreferredAllocation
+// and Allocate, so milliseconds matter there; PreStartContainer may wait up
+// to its 25 s budget.
+var callBuckets = []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25}
 
 // Values of the result label. A failed Allocate or PreStartContainer is
 // labelled with its reason instead of ResultFailure: for a refused start,
@@ -44,6 +60,7 @@ type pluginMetrics struct {
 	registrations *prometheus.CounterVec
 	preStarts     *prometheus.CounterVec
 	allocates     *prometheus.CounterVec
+	calls         *prometheus.HistogramVec
 }
 
 // newPluginMetrics registers p's metrics in reg; a nil reg is a new
@@ -69,6 +86,14 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 			Name: MetricAllocate,
 			Help: "Allocate calls (once per container at admission), by result: success or the gRPC code of the error.",
 		}, []string{"result"}),
+		calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricCallDuration,
+			Help:    "Time the plugin took to answer the kubelet's hand-off calls, by call: GetPreferredAllocation and Allocate (the kubelet waits for both while it admits a pod, one pod at a time) and PreStartContainer (every container start).",
+			Buckets: callBuckets,
+		}, []string{"call"}),
+	}
+	for _, call := range []string{CallGetPreferredAllocation, CallAllocate, CallPreStartContainer} {
+		m.calls.WithLabelValues(call)
 	}
 	m.registrations.WithLabelValues(ResultSuccess)
 	m.registrations.WithLabelValues(ResultFailure)
@@ -83,7 +108,7 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 		}
 		return 0
 	})
-	set, err := registry.Register(reg, m.registrations, m.preStarts, m.allocates, registered, &healthCollector{p: p}, &gpuCollector{p: p})
+	set, err := registry.Register(reg, m.registrations, m.preStarts, m.allocates, m.calls, registered, &healthCollector{p: p}, &gpuCollector{p: p})
 	if err != nil {
 		return nil, fmt.Errorf("deviceplugin: metrics: %w", err)
 	}
@@ -119,6 +144,13 @@ func (m *pluginMetrics) allocated(err error) {
 func (m *pluginMetrics) preStarted(result string) {
 	if m != nil {
 		m.preStarts.WithLabelValues(result).Inc()
+	}
+}
+
+// took records that the hand-off call took d to answer.
+func (m *pluginMetrics) took(call string, d time.Duration) {
+	if m != nil {
+		m.calls.WithLabelValues(call).Observe(d.Seconds())
 	}
 }
 

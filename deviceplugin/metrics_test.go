@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -134,7 +135,8 @@ func TestMetricsLifecycle(t *testing.T) {
 }
 
 // TestMetricsHandoff counts Allocate and PreStartContainer results: success,
-// a refusal by its event reason, other failures by gRPC code.
+// a refusal by its event reason, other failures by gRPC code; and times
+// every GetPreferredAllocation, Allocate and PreStartContainer call.
 func TestMetricsHandoff(t *testing.T) {
 	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
 	reg := prometheus.NewRegistry()
@@ -146,6 +148,12 @@ func TestMetricsHandoff(t *testing.T) {
 	good, missing, unheld := DeviceID(gpuA, 1), DeviceID(gpuA, 2), DeviceID(gpuB, 3)
 
 	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	preferred := f.alloc.preferred(context.Background(), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: []string{good, unheld}, AllocationSize: 1,
+	}}})
+	if got := preferred.GetContainerResponses()[0].GetDeviceIDs(); !slices.Equal(got, []string{good}) {
+		t.Fatalf("preferred = %v, want [%s]", got, good)
+	}
 	if _, err := f.allocate(good); err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +174,12 @@ func TestMetricsHandoff(t *testing.T) {
 
 	srv := httptest.NewServer(p.ProbeHandler())
 	defer srv.Close()
-	got := metricstest.Pick(metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricAllocate, MetricPreStart)
+	samples := metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics")
+	got := metricstest.Pick(samples, MetricAllocate, MetricPreStart, MetricCallDuration+"_count")
 	want := map[string]float64{
+		MetricCallDuration + `_count{call="GetPreferredAllocation"}`: 1,
+		MetricCallDuration + `_count{call="Allocate"}`:               2,
+		MetricCallDuration + `_count{call="PreStartContainer"}`:      5,
 		`gpuslice_deviceplugin_allocate_total{result="success"}`:              1,
 		`gpuslice_deviceplugin_allocate_total{result="InvalidArgument"}`:      1,
 		`gpuslice_deviceplugin_prestart_total{result="success"}`:              2,
@@ -178,7 +190,12 @@ func TestMetricsHandoff(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
-	if _, ok := metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics")["go_goroutines"]; ok {
+	for _, call := range []string{CallGetPreferredAllocation, CallAllocate, CallPreStartContainer} {
+		if sum := samples[metricstest.Series(MetricCallDuration+"_sum", "call", call)]; !(sum > 0) {
+			t.Errorf("%s calls took %v s in all, want more than 0", call, sum)
+		}
+	}
+	if _, ok := samples["go_goroutines"]; ok {
 		t.Error("a given Registry got the Go collector added")
 	}
 }

@@ -31,13 +31,16 @@ type pendingContainer struct {
 
 // preferred answers GetPreferredAllocation. It never fails: with no match,
 // or when the PodResources API does not answer within PreferWait (failed
-// calls are retried with back-off), it returns the kubelet's default choice (the must-include IDs, then the first available
-// ones).
+// calls are retried with back-off), it returns the kubelet's default
+// choice (the must-include IDs, then the first available ones). Each call
+// is timed in MetricCallDuration.
 func (a *allocator) preferred(ctx context.Context, req *pluginapi.PreferredAllocationRequest) *pluginapi.PreferredAllocationResponse {
+	began := a.clock.Now()
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, creq := range req.GetContainerRequests() {
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: a.preferOne(ctx, creq)})
 	}
+	a.metrics.took(CallGetPreferredAllocation, a.clock.Since(began))
 	return resp
 }
 

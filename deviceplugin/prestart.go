@@ -27,10 +27,13 @@ import (
 // failure fails this start (the kubelet retries) with an error saying why,
 // and a Warning event on the pod when the pod is known. It returns within
 // the start budget, below the kubelet's 30 s timeout. Each call is counted
-// in MetricPreStart, a refusal by its event reason.
+// in MetricPreStart, a refusal by its event reason, and timed in
+// MetricCallDuration.
 func (a *allocator) preStart(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	began := a.clock.Now()
 	result, err := a.startContainer(ctx, req)
 	a.metrics.preStarted(result)
+	a.metrics.took(CallPreStartContainer, a.clock.Since(began))
 	if err != nil {
 		return nil, err
 	}

@@ -95,8 +95,12 @@ func TestBurstRatio(t *testing.T) {
 		gpu    bool
 	}{{"plain-a", false}, {"gpu-a", true}, {"gpu-b", true}, {"plain-b", false}}
 	var nodes []cluster.NodeOptions
+	metrics := map[string]string{} // node name -> its plugin's /metrics URL
 	for _, b := range order {
-		nodes = append(nodes, cluster.NodeOptions{Name: "node-" + b.prefix, FakeGPUs: "8xA100-80GB"})
+		addr := freeLoopbackAddress(t)
+		name := "node-" + b.prefix
+		metrics[name] = "http://" + addr + "/metrics"
+		nodes = append(nodes, cluster.NodeOptions{Name: name, FakeGPUs: "8xA100-80GB", PluginArgs: []string{"--health-address=" + addr}})
 	}
 	c := startCluster(t, nodes...)
 	burst := func(prefix, node string, gpu bool) time.Duration {
@@ -123,6 +127,9 @@ func TestBurstRatio(t *testing.T) {
 		}
 		logPhases(t, prefix, out.running)
 		t.Logf("%s: 40 pods Running in %v", prefix, took.Round(time.Millisecond))
+		if gpu {
+			logPluginCalls(t, prefix, metrics[node], took)
+		}
 		return took
 	}
 	var plain, shared time.Duration
@@ -135,6 +142,40 @@ func TestBurstRatio(t *testing.T) {
 		}
 	}
 	t.Logf("40-pod burst to Running, two bursts each: without GPUs %v, with GPU slices %v: ratio %.2f", plain.Round(time.Millisecond), shared.Round(time.Millisecond), shared.Seconds()/plain.Seconds())
+}
+
+// logPluginCalls logs how many hand-off calls the device plugin at url answered and how long they
+// took (its gpuslice_deviceplugin_call_duration_seconds), beside a burst's time: the kubelet waits
+// for GetPreferredAllocation and Allocate while it admits each pod, one pod at a time.
+func logPluginCalls(t *testing.T, what, url string, burst time.Duration) {
+	t.Helper()
+	calls := []string{"GetPreferredAllocation", "Allocate", "PreStartContainer"}
+	var series []string
+	for _, call := range calls {
+		for _, part := range []string{"_sum", "_count"} {
+			series = append(series, fmt.Sprintf("gpuslice_deviceplugin_call_duration_seconds%s{call=%q}", part, call))
+		}
+	}
+	got, err := scrapeGauges(url, series)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+		return
+	}
+	var parts []string
+	var admission float64
+	for i, call := range calls {
+		sum, n := got[series[2*i]], got[series[2*i+1]]
+		if call != "PreStartContainer" {
+			admission += sum
+		}
+		mean := 0.0
+		if n > 0 {
+			mean = sum / n * 1000
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f calls, %.1f ms mean", call, n, mean))
+	}
+	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel)",
+		what, strings.Join(parts, "; "), admission, burst.Seconds())
 }
 
 // logPhases logs, over pods, the slowest time from creation to binding (condition PodScheduled)
