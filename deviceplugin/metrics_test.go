@@ -177,9 +177,9 @@ func TestMetricsHandoff(t *testing.T) {
 	samples := metricstest.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	got := metricstest.Pick(samples, MetricAllocate, MetricPreStart, MetricCallDuration+"_count")
 	want := map[string]float64{
-		MetricCallDuration + `_count{call="GetPreferredAllocation"}`: 1,
-		MetricCallDuration + `_count{call="Allocate"}`:               2,
-		MetricCallDuration + `_count{call="PreStartContainer"}`:      5,
+		MetricCallDuration + `_count{call="GetPreferredAllocation"}`:          1,
+		MetricCallDuration + `_count{call="Allocate"}`:                        2,
+		MetricCallDuration + `_count{call="PreStartContainer"}`:               5,
 		`gpuslice_deviceplugin_allocate_total{result="success"}`:              1,
 		`gpuslice_deviceplugin_allocate_total{result="InvalidArgument"}`:      1,
 		`gpuslice_deviceplugin_prestart_total{result="success"}`:              2,
