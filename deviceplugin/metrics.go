@@ -33,6 +33,11 @@ const (
 	CallPreStartContainer      = "PreStartContainer"
 )
 
+// HandoffCalls returns every value of MetricCallDuration's call label.
+func HandoffCalls() []string {
+	return []string{CallGetPreferredAllocation, CallAllocate, CallPreStartContainer}
+}
+
 // callBuckets are MetricCallDuration's buckets, in seconds: the kubelet
 // admits a node's pods one at a time and waits for GetPreferredAllocation
 // and Allocate, so milliseconds matter there; PreStartContainer may wait up
@@ -92,7 +97,7 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 			Buckets: callBuckets,
 		}, []string{"call"}),
 	}
-	for _, call := range []string{CallGetPreferredAllocation, CallAllocate, CallPreStartContainer} {
+	for _, call := range HandoffCalls() {
 		m.calls.WithLabelValues(call)
 	}
 	m.registrations.WithLabelValues(ResultSuccess)

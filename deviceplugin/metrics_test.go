@@ -190,7 +190,7 @@ func TestMetricsHandoff(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
-	for _, call := range []string{CallGetPreferredAllocation, CallAllocate, CallPreStartContainer} {
+	for _, call := range HandoffCalls() {
 		if sum := samples[metricstest.Series(MetricCallDuration+"_sum", "call", call)]; !(sum > 0) {
 			t.Errorf("%s calls took %v s in all, want more than 0", call, sum)
 		}

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpuslice/gpuslice/deviceplugin"
+	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/test/cluster"
 )
 
@@ -145,27 +147,17 @@ func TestBurstRatio(t *testing.T) {
 }
 
 // logPluginCalls logs how many hand-off calls the device plugin at url answered and how long they
-// took (its gpuslice_deviceplugin_call_duration_seconds), beside a burst's time: the kubelet waits
-// for GetPreferredAllocation and Allocate while it admits each pod, one pod at a time.
+// took (its deviceplugin.MetricCallDuration), beside a burst's time: the kubelet waits for
+// GetPreferredAllocation and Allocate while it admits each pod, one pod at a time.
 func logPluginCalls(t *testing.T, what, url string, burst time.Duration) {
 	t.Helper()
-	calls := []string{"GetPreferredAllocation", "Allocate", "PreStartContainer"}
-	var series []string
-	for _, call := range calls {
-		for _, part := range []string{"_sum", "_count"} {
-			series = append(series, fmt.Sprintf("gpuslice_deviceplugin_call_duration_seconds%s{call=%q}", part, call))
-		}
-	}
-	got, err := scrapeGauges(url, series)
-	if err != nil {
-		t.Errorf("%s: %v", what, err)
-		return
-	}
+	samples := metricstest.Scrape(t, nil, url)
 	var parts []string
 	var admission float64
-	for i, call := range calls {
-		sum, n := got[series[2*i]], got[series[2*i+1]]
-		if call != "PreStartContainer" {
+	for _, call := range deviceplugin.HandoffCalls() {
+		sum := samples[metricstest.Series(deviceplugin.MetricCallDuration+"_sum", "call", call)]
+		n := samples[metricstest.Series(deviceplugin.MetricCallDuration+"_count", "call", call)]
+		if call != deviceplugin.CallPreStartContainer {
 			admission += sum
 		}
 		mean := 0.0
