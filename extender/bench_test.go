@@ -52,7 +52,7 @@ func (sl benchSlice) pod(name string) *corev1.Pod {
 // benchSlices in turn, on a random node where vgpu.Fit places it under
 // policy, so GPUs fill unevenly as in a real cluster. Seeded: the same
 // arguments give the same cluster.
-func benchScheduler(b *testing.B, nodes, slicesPlaced int, policy vgpu.Policy) (*Scheduler, []string) {
+func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (*Scheduler, []string) {
 	b.Helper()
 	cfg := testConfig()
 	cfg.NodePolicy, cfg.GPUPolicy = policy, policy

@@ -173,43 +173,67 @@ func (s *Scheduler) evaluateLocked(name string, d *demand, now time.Time) verdic
 
 // judgeLocked is evaluateLocked on a known node.
 func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict {
+	if v, decided := s.screenLocked(n, d, now); decided {
+		return v
+	}
+	return s.fitLocked(n, d)
+}
+
+// screenLocked is what judgeLocked decides without fitting the pod on the
+// node's GPUs: readiness, the pod's own earlier usage, a bind, the
+// summary's Reject and a remembered verdict. decided is false when only
+// fitLocked can tell. Callers hold st.mu.
+func (s *Scheduler) screenLocked(n *nodeState, d *demand, now time.Time) (v verdict, decided bool) {
 	st := s.state
-	name := n.name
 	// A pod without GPUs needs no device plugin.
 	if d.wantsGPU() {
 		if v, ok := s.readinessLocked(n, now); !ok {
-			return v
+			return v, true
 		}
 	}
-	opts := s.fitOptions
-	opts.Workload = st.workload
-	opts.Unscored, opts.ReasonOnly = d.forBind, !d.forBind
-	if e := d.entryLocked(st); e != nil && e.node == name {
+	opts := s.fitOptionsLocked(d)
+	if e := d.entryLocked(st); e != nil && e.node == n.name {
 		// A pod's own earlier usage does not count against itself.
 		usage := n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
-		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage, HostFree: n.hostFreeLocked()}, opts))
+		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage, HostFree: n.hostFreeLocked()}, opts)), true
 	}
 	if d.forBind {
-		return toVerdict(n.summary.Fit(d.pod, opts))
+		return toVerdict(n.summary.Fit(d.pod, opts)), true
 	}
-	if r, ok := n.summary.Reject(d.pod); ok {
+	if r, ok := n.figures.Reject(d.pod); ok {
 		// Turned away by the summary alone: most full nodes.
-		return verdict{reason: r, unresolvable: r == vgpu.ReasonUnhealthy}
+		return verdict{reason: r, unresolvable: r == vgpu.ReasonUnhealthy}, true
 	}
 	// Verdicts found before a new workload snapshot are stale until the
 	// node's summary is rebuilt for it.
-	current := n.summaryWorkload == st.workload
-	if v, ok := n.verdicts.get(d.key, n.gen); ok && current {
-		return v
+	if v, ok := n.verdicts.get(d.key, n.gen); ok && n.summaryWorkload == st.workload {
+		return v, true
 	}
+	return verdict{}, false
+}
+
+// fitLocked fits d on n's summary, for a Filter or Prioritize that
+// screenLocked left undecided, and remembers the verdict. Callers hold
+// st.mu.
+func (s *Scheduler) fitLocked(n *nodeState, d *demand) verdict {
+	opts := s.fitOptionsLocked(d)
 	// Only a bind needs the allocation, and binds fit afresh.
 	opts.NoAllocation = true
 	v := toVerdict(n.summary.Fit(d.pod, opts))
-	if current {
+	if n.summaryWorkload == s.state.workload {
 		n.verdicts.put(d.key, n.gen, v)
 	}
 	return v
+}
+
+// fitOptionsLocked are the options d is fitted with now. Callers hold
+// st.mu.
+func (s *Scheduler) fitOptionsLocked(d *demand) vgpu.FitOptions {
+	opts := s.fitOptions
+	opts.Workload = s.state.workload
+	opts.Unscored, opts.ReasonOnly = d.forBind, !d.forBind
+	return opts
 }
 
 // toVerdict turns Fit's answer into a verdict; a fitting scored placement
@@ -326,26 +350,32 @@ func (s *Scheduler) evaluateAll(names []string, d *demand, fn func(i int, v verd
 	// share d.
 	d.self, d.selfKnown = s.state.pods[d.uid], true
 	defer func() { d.self, d.selfKnown = nil, false }()
-	workers := min(runtime.GOMAXPROCS(0), (len(names)+chunkSize-1)/chunkSize)
-	if len(names) < parallelThreshold || workers < 2 {
-		for i, name := range names {
-			fn(i, s.evaluateLocked(name, d, now))
+	// The workers read the state under the read lock this goroutine holds
+	// until they are done.
+	forEach(len(names), func(i int) { fn(i, s.evaluateLocked(names[i], d, now)) })
+}
+
+// forEach calls fn(i) for i in 0..count-1, spread over the CPUs in chunks
+// when count is large, and returns when every call has.
+func forEach(count int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), (count+chunkSize-1)/chunkSize)
+	if count < parallelThreshold || workers < 2 {
+		for i := range count {
+			fn(i)
 		}
 		return
 	}
-	// The workers read the state under the read lock this goroutine holds
-	// until they are done.
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for {
 				start := int(next.Add(chunkSize)) - chunkSize
-				if start >= len(names) {
+				if start >= count {
 					return
 				}
-				for i := start; i < min(start+chunkSize, len(names)); i++ {
-					fn(i, s.evaluateLocked(names[i], d, now))
+				for i := start; i < min(start+chunkSize, count); i++ {
+					fn(i)
 				}
 			}
 		})

@@ -85,6 +85,8 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		for i := range verdicts {
 			verdicts[i] = notSyncedVerdict
 		}
+	case d.wantsGPU() && s.cfg.FilterResult == FilterResultBest:
+		s.evaluateBest(names, &d, verdicts)
 	case d.wantsGPU(), s.placesWithoutGPU(&d):
 		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
 	default:

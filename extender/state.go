@@ -83,9 +83,15 @@ type nodeState struct {
 	// whether what it checked under the read lock is still current, and
 	// verdicts can tell whether they still hold.
 	gen uint64
-	// name is the Node's name; index its position in clusterState.byIndex.
-	name  string
+	// figures are summary's, copied here: Filter screens every node with
+	// them (Reject, ScoreBound) and reads a summary only for the nodes
+	// they leave undecided. Summaries are rebuilt all over the heap as
+	// pods come and go; the node states stay side by side.
+	figures vgpu.NodeFigures
+	// index is the node's position in clusterState.byIndex.
 	index int
+	// name is the Node's name.
+	name string
 	// verdicts remembers the latest Fit verdicts for a few pod shapes.
 	verdicts verdictCache
 	// leaseName is vgpu.HeartbeatLeaseName of the node's name, computed
@@ -441,6 +447,7 @@ func (st *clusterState) release(e *podEntry) bool {
 func (st *clusterState) refreshLocked(n *nodeState) {
 	n.gen++
 	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage, HostFree: n.hostFreeLocked()}, st.workload)
+	n.figures = n.summary.NodeFigures
 	n.summaryWorkload = st.workload
 }
 

@@ -15,7 +15,8 @@ import (
 // before every placement, that NodeSummary.Fit gives exactly what Fit
 // gives — placement, every figure to the bit, error — for each policy,
 // with the summary's own workload, another workload, none, and host
-// resources known or not.
+// resources known or not; and that no placement scores above the node's
+// ScoreBound.
 func TestSummaryFitEqualsFit(t *testing.T) {
 	t.Parallel()
 	// hosted asks for CPU and memory, so that hosts short of them bound
@@ -33,7 +34,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 7))
-			compared, fitted, rejected := 0, 0, 0
+			compared, fitted, rejected, bounded, tight := 0, 0, 0, 0, 0
 			for round := range 30 {
 				node := randomNode(rng)
 				usage := &vgpu.NodeUsage{}
@@ -84,8 +85,17 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 							if diff := cmp.Diff(want, bare); diff != "" || fmt.Sprint(wantErr) != fmt.Sprint(bareErr) {
 								t.Fatalf("round %d: NoAllocation differs (-Fit +NoAllocation):\n%s", round, diff)
 							}
-							if wantErr == nil && ow == w && !unscored {
-								placed = got
+							if wantErr == nil && !unscored {
+								// No placement scores above the node's bound.
+								if v, b := vgpu.Score(got).Value, sum.ScoreBound(d, opts); v > b {
+									t.Fatalf("round %d: placement scores %d under %v, above the bound %d", round, v, policy, b)
+								} else if b < vgpu.MaxScore && b-v <= 1 {
+									tight++
+								}
+								bounded++
+								if ow == w {
+									placed = got
+								}
 							}
 						}
 					}
@@ -98,7 +108,10 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 			if fitted == 0 {
 				t.Errorf("no pod fitted in %d comparisons: the generator is off", compared)
 			}
-			t.Logf("%d comparisons, %d fitted, %d rejected from the summary alone", compared, fitted, rejected)
+			if tight == 0 {
+				t.Errorf("no score came within 1 of a bound below %d: the bound check is idle", vgpu.MaxScore)
+			}
+			t.Logf("%d comparisons, %d fitted, %d rejected from the summary alone, %d scores within their node's bound (%d of them within 1)", compared, fitted, rejected, bounded, tight)
 		})
 	}
 }
