@@ -40,7 +40,11 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 // kube-scheduler's filterVerb; with Config.FilterResult best (the default)
 // only those of them of the best node-policy score (vgpu.Score's Value,
 // 0..100, finer than Prioritize's 0..10): the others are left out of the
-// answer, neither passed nor failed. The answer has the same form as the
+// answer, neither passed nor failed; most of them are not even fitted, as
+// their score bound is below the best score found (evaluateBest), so
+// while the pod fits somewhere FailedNodes and the rejection counters
+// cover only the nodes judged. When it fits nowhere every node is judged.
+// The answer has the same form as the
 // question: NodeNames when args had NodeNames (nodeCacheCapable), else
 // Nodes with the passing items of args.Nodes. Nodes turned away are in
 // FailedAndUnresolvableNodes when evicting pods cannot help (the device
