@@ -55,9 +55,12 @@ type NodeFigures struct {
 	minCoresCap       int
 	maxJump           float64
 	// fragBefore is the node's fragmentation against fragWorkload (nil:
-	// not measured): no pod lowers it by more.
+	// not measured): no pod lowers it by more. maxUnusable is, over the
+	// GPUs with a free slot, the most of fragWorkload's share that cannot
+	// use one's free capacity (1 when not measured).
 	fragBefore   float64
 	fragWorkload *Workload
+	maxUnusable  float64
 	// hostKnown is true when the node's free CPU and memory are known
 	// (host); hostBounds when they bound what some class of
 	// fragWorkload can use. gpus counts the node's GPUs, healthy or not.
@@ -211,6 +214,26 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	f.freeTotal = m.stats(st).free
 	f.before = m.measure(f.freeTotal, &m.weight[0])
 	s.fragBefore, s.fragWorkload, s.hostBounds = f.before, w, m.weight[0].capped != nil
+	s.maxUnusable = 1
+	if f.masks != nil {
+		s.maxUnusable = 0
+		for gi := range s.inv.GPUs {
+			g, u := &s.inv.GPUs[gi], base[gi]
+			if g.Health != Healthy || u.Exclusive != 0 || u.Slices >= s.inv.SplitCount {
+				continue
+			}
+			// The share of the workload that can use the GPU's free
+			// capacity now (fragModel.delta's "left" shapes).
+			var usable float64
+			if f.free[gi] > 0 {
+				for mask := f.masks[gi]; mask != 0; mask &= mask - 1 {
+					si := bits.TrailingZeros64(mask)
+					usable += m.weight[0].at(&w.shapes[si], si, m.cnt[si])
+				}
+			}
+			s.maxUnusable = max(s.maxUnusable, 1-usable)
+		}
+	}
 	// m's stats are rank's for a pod that holds nothing yet.
 	f.cnt, f.sum = m.cnt, m.sum
 	f.weight = m.weight
@@ -255,9 +278,12 @@ func (s *NodeSummary) boundGPU(g *GPU, u GPUUsage) {
 //     shares add up to at most 1), so by no more than it is, when it was
 //     measured against opts.Workload. It falls by no more than the free
 //     capacity the slice takes (every class can use at most what is
-//     free) when, once the pod is placed, the node's host bounds no class
-//     of opts.Workload: its free CPU and memory are unknown, or feed
-//     every class on every GPU after the pod's host requests, or the pod
+//     free), and by no more than the part of it that the classes able to
+//     use the GPU could not (the most of that share over the node's GPUs
+//     with a free slot, when measured against opts.Workload), when, once
+//     the pod is placed, the node's host bounds no class of
+//     opts.Workload: its free CPU and memory are unknown, or feed every
+//     class on every GPU after the pod's host requests, or the pod
 //     requests none and they bound no class before. Otherwise rise counts
 //     as 1.
 //
@@ -288,12 +314,17 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
 		value = MaxScore * (1 - s.usedBefore/healthy)
 	case PolicyFragmentation:
 		measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
-		if !s.unboundedAfter(pod, opts.Workload, measured) {
+		switch unbounded := s.unboundedAfter(pod, opts.Workload, measured); {
+		case !unbounded:
 			// A host that bounds what some classes can use gives them
 			// a share of each GPU that grows as GPUs drop out of their
 			// reach: the slice may then lower fragmentation by more
 			// than it takes.
 			rise = 1
+		case measured:
+			// Of the capacity the slice takes, what the classes that
+			// can use the GPU could use was not fragmented.
+			rise *= s.maxUnusable
 		}
 		if measured {
 			// Fragmentation is never below 0: no pod lowers it by more
