@@ -29,12 +29,10 @@ const unjudged = -1
 // not. Under binpack and spread most nodes of a new pod shape are then
 // never fitted.
 func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) {
+	s.lockJudging(d)
+	defer s.unlockJudging(d)
 	now := s.clock.Now()
 	st := s.state
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	d.self, d.selfKnown = st.pods[d.uid], true
-	defer func() { d.self, d.selfKnown = nil, false }()
 	buf := boundPool.Get().(*boundBuffers)
 	defer boundPool.Put(buf)
 	done := buf.size(len(names))

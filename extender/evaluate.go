@@ -191,15 +191,14 @@ func (s *Scheduler) screenLocked(n *nodeState, d *demand, now time.Time) (v verd
 			return v, true
 		}
 	}
-	opts := s.fitOptionsLocked(d)
 	if e := d.entryLocked(st); e != nil && e.node == n.name {
 		// A pod's own earlier usage does not count against itself.
 		usage := n.usage.Clone()
 		usage.Remove(e.alloc, e.req)
-		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage, HostFree: n.hostFreeLocked()}, opts)), true
+		return toVerdict(vgpu.Fit(d.pod, vgpu.NodeState{Inventory: n.inventory, Usage: usage, HostFree: n.hostFreeLocked()}, s.fitOptionsLocked(d))), true
 	}
 	if d.forBind {
-		return toVerdict(n.summary.Fit(d.pod, opts)), true
+		return toVerdict(n.summary.Fit(d.pod, s.fitOptionsLocked(d))), true
 	}
 	if r, ok := n.figures.Reject(d.pod); ok {
 		// Turned away by the summary alone: most full nodes.
@@ -343,16 +342,26 @@ func nodeUnready(inventoryErr error, label string, hasLabel bool, allocatable in
 // spread over the CPUs when there are many. fn is called concurrently for
 // different i and must only write to slot i of its results.
 func (s *Scheduler) evaluateAll(names []string, d *demand, fn func(i int, v verdict)) {
+	s.lockJudging(d)
+	defer s.unlockJudging(d)
 	now := s.clock.Now()
-	s.state.mu.RLock()
-	defer s.state.mu.RUnlock()
-	// One lookup of the pod's own entry for all nodes, before the workers
-	// share d.
-	d.self, d.selfKnown = s.state.pods[d.uid], true
-	defer func() { d.self, d.selfKnown = nil, false }()
 	// The workers read the state under the read lock this goroutine holds
 	// until they are done.
 	forEach(len(names), func(i int) { fn(i, s.evaluateLocked(names[i], d, now)) })
+}
+
+// lockJudging read-locks the state for judging d on many nodes and looks
+// the pod's own entry up once, before workers share d; unlockJudging
+// undoes both.
+func (s *Scheduler) lockJudging(d *demand) {
+	s.state.mu.RLock()
+	d.self, d.selfKnown = s.state.pods[d.uid], true
+}
+
+// unlockJudging undoes lockJudging.
+func (s *Scheduler) unlockJudging(d *demand) {
+	d.self, d.selfKnown = nil, false
+	s.state.mu.RUnlock()
 }
 
 // forEach calls fn(i) for i in 0..count-1, spread over the CPUs in chunks

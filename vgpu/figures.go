@@ -1,6 +1,9 @@
 package vgpu
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // NodeFigures is what a NodeSummary says of its node without reading its
 // GPUs: enough for Reject and ScoreBound. A small value: a scheduler that
@@ -25,7 +28,8 @@ type NodeFigures struct {
 	// fragBefore is the node's fragmentation against fragWorkload (nil:
 	// not measured): no pod lowers it by more. maxUnusable is, over the
 	// GPUs with a free slot, the most of fragWorkload's share that cannot
-	// use one's free capacity (1 when not measured).
+	// use one's free capacity (1 when the workload has too many shapes to
+	// tell). Both are set by boundFragmentation.
 	fragBefore   float64
 	fragWorkload *Workload
 	maxUnusable  float64
@@ -50,6 +54,33 @@ func (s *NodeSummary) boundGPU(g *GPU, u GPUUsage) {
 	// memory, as wholly used, whatever its memory and cores.
 	if u.Slices+1 >= s.inv.SplitCount || g.SchedulableMemoryMiB <= 0 {
 		s.maxJump = max(s.maxJump, 1-usedShare(g, u, s.inv.SplitCount))
+	}
+}
+
+// boundFragmentation records the figures ScoreBound reads of the node's
+// fragmentation against w, as f measured it; the cells' masks are set.
+func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
+	s.fragBefore, s.fragWorkload, s.hostBounds = f.before, w, f.weight[0].capped != nil
+	s.maxUnusable = 1
+	if f.masks == nil {
+		return // no masks to tell which shapes can use a GPU
+	}
+	s.maxUnusable = 0
+	for i := range s.cells {
+		c := &s.cells[i]
+		if c.exclusive != 0 || c.slices >= s.inv.SplitCount {
+			continue
+		}
+		// The share of the workload that can use the GPU's free capacity
+		// now (fragModel.delta's "left" shapes).
+		var usable float64
+		if c.share < 1 {
+			for mask := c.mask; mask != 0; mask &= mask - 1 {
+				si := bits.TrailingZeros64(mask)
+				usable += f.weight[0].at(&w.shapes[si], si, f.cnt[si])
+			}
+		}
+		s.maxUnusable = max(s.maxUnusable, 1-usable)
 	}
 }
 

@@ -110,7 +110,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	s := &b.s
 	*s = NodeSummary{
 		inv: node.Inventory, hostFree: node.HostFree, base: inBlock(b.base[:], len(st.base)), w: w,
-		NodeFigures: NodeFigures{healthy: st.healthy, hostKnown: node.HostFree != nil, gpus: len(node.Inventory.GPUs)},
+		NodeFigures: NodeFigures{healthy: st.healthy, hostKnown: node.HostFree != nil, gpus: gpus},
 	}
 	if node.HostFree != nil {
 		s.host = *node.HostFree
@@ -175,27 +175,6 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	st.env.frag = m
 	f.freeTotal = m.stats(st).free
 	f.before = m.measure(f.freeTotal, &m.weight[0])
-	s.fragBefore, s.fragWorkload, s.hostBounds = f.before, w, m.weight[0].capped != nil
-	s.maxUnusable = 1
-	if f.masks != nil {
-		s.maxUnusable = 0
-		for gi := range s.inv.GPUs {
-			g, u := &s.inv.GPUs[gi], base[gi]
-			if g.Health != Healthy || u.Exclusive != 0 || u.Slices >= s.inv.SplitCount {
-				continue
-			}
-			// The share of the workload that can use the GPU's free
-			// capacity now (fragModel.delta's "left" shapes).
-			var usable float64
-			if f.free[gi] > 0 {
-				for mask := f.masks[gi]; mask != 0; mask &= mask - 1 {
-					si := bits.TrailingZeros64(mask)
-					usable += m.weight[0].at(&w.shapes[si], si, m.cnt[si])
-				}
-			}
-			s.maxUnusable = max(s.maxUnusable, 1-usable)
-		}
-	}
 	// m's stats are rank's for a pod that holds nothing yet.
 	f.cnt, f.sum = m.cnt, m.sum
 	f.weight = m.weight
@@ -205,6 +184,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			c.mask = f.masks[c.gi]
 		}
 	}
+	s.boundFragmentation(w, f)
 	return s
 }
 
