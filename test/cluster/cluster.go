@@ -21,6 +21,9 @@ const DefaultReadyTimeout = 90 * time.Second
 // pollInterval is how often readiness waits check their condition.
 const pollInterval = 100 * time.Millisecond
 
+// checkTimeout bounds one check of a waitFor condition.
+const checkTimeout = 10 * time.Second
+
 // Options configures Start. The zero value is a control plane with no nodes in a new folder.
 type Options struct {
 	// BinDir holds the binaries hack/build-cluster.sh builds; empty means FindBinDir.
@@ -308,6 +311,10 @@ func (c *Cluster) waitFor(ctx context.Context, what string, procs []*Process, co
 				return false, fmt.Errorf("%s exited (log %s)", p.Name, p.Log)
 			}
 		}
+		// One check that hangs (a request a starting server accepted but never
+		// answered) must not use up the whole wait: each gets its own deadline.
+		ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+		defer cancel()
 		return cond(ctx)
 	})
 	if err != nil {
