@@ -211,12 +211,25 @@ func (s *soak) deleteAll(ctx context.Context) error {
 	return nil
 }
 
-// checkNothingHeld waits up to 10 s (the extender's informer catching up) until the extender
-// counts nothing held on any GPU; each GPU it still counts is a leaked reservation.
+// heldCatchUp bounds how long the extender's informer may take to see the deletions: after the
+// API server was stopped several times in a row, client-go's reflector waits between 30 and 60 s
+// (its back-off cap, with jitter) before it lists and watches again, and until then the extender
+// keeps counting the deleted pods' slices as held (the safe direction: nothing is given twice).
+// A reservation that is still counted after that is leaked.
+const heldCatchUp = 75 * time.Second
+
+// checkNothingHeld waits up to heldCatchUp until the extender counts nothing held on any GPU;
+// each GPU it still counts is a leaked reservation. A catch-up slower than 10 s is logged.
 func (s *soak) checkNothingHeld(ctx context.Context) {
 	var held []string // from the latest scrape that answered
 	var scrapeErr error
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	began := time.Now()
+	defer func() {
+		if took := time.Since(began); took > 10*time.Second {
+			s.opts.Logf("the extender took %v to count nothing held after every pod was deleted (its informer backing off after API server restarts)", took.Round(time.Second))
+		}
+	}()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, heldCatchUp, true, func(ctx context.Context) (bool, error) {
 		got, err := s.c.ExtenderHeld(ctx)
 		if err != nil {
 			// The poll's own deadline cuts the last scrape short: keep
