@@ -106,8 +106,9 @@ func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
 //     the pod is placed, the node's host bounds no class of
 //     opts.Workload: its free CPU and memory are unknown, or feed every
 //     class on every GPU after the pod's host requests, or the pod
-//     requests none and they bound no class before. Otherwise rise counts
-//     as 1.
+//     requests none and they bound no class before, and opts.Workload
+//     counts no expected fills (it has no supply: see fill.go).
+//     Otherwise rise counts as 1.
 //
 // Other pods get MaxScore: no bound. Safe for concurrent use.
 func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
@@ -142,6 +143,12 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
 			// a share of each GPU that grows as GPUs drop out of their
 			// reach: the slice may then lower fragmentation by more
 			// than it takes.
+			rise = 1
+		case opts.Workload != nil && opts.Workload.fill != nil:
+			// Counting expected fills, a slice may leave its GPU's
+			// free share worth more than before (0.41 that slices
+			// fill well, from 0.88 that none does): up to all of the
+			// GPU's free share.
 			rise = 1
 		case measured:
 			// Of the capacity the slice takes, what the classes that

@@ -260,7 +260,8 @@ func (s *fitState) fragModel() *fragModel {
 		return s.env.frag
 	}
 	if s.fragCached() && s.podHost == (HostResources{}) {
-		m := &fragModel{w: s.env.summary.w, weight: s.env.summary.frag.weight}
+		m := &fragModel{w: s.env.summary.w, weight: s.env.summary.frag.weight,
+			fill: s.env.summary.frag.fill, lambda: s.env.summary.frag.lambda}
 		n := len(m.w.shapes)
 		if n <= len(m.cntBuf) {
 			m.cnt, m.sum = m.cntBuf[:n], m.sumBuf[:n]
@@ -275,6 +276,7 @@ func (s *fitState) fragModel() *fragModel {
 		w = DefaultWorkload()
 	}
 	s.env.frag = newFragModel(w, s.env.hostFree, s.podHost, len(s.node.GPUs))
+	s.env.frag.setFill(s.env.hostFree, s.freeBefore())
 	return s.env.frag
 }
 

@@ -40,6 +40,17 @@ type Workload struct {
 	// rich is what fillWeights needs to see at once that a host leaves
 	// every class all of a node's GPUs; refresh keeps it current.
 	rich richHost
+	// fill is, per GPU model ("" for any), the fill table (fill.go); nil
+	// without a supply. adds counts the classes added, fillAt their count
+	// when fill was learnt; building holds the learning back while
+	// Snapshot copies classes.
+	fill         map[string][]float64
+	adds, fillAt int
+	building     bool
+	noFill       bool
+	// otherCPU and otherMemory are the weighted CPU and host memory of
+	// the pods without GPUs Add counted (hostFeedsAll).
+	otherCPU, otherMemory float64
 }
 
 // richHost is a Workload's figures for hosts that bound no class: the
@@ -75,6 +86,7 @@ func (w *Workload) refresh() {
 		}
 	}
 	w.rich = r
+	w.refreshFill()
 }
 
 // feedsAll reports whether a host with free, which feeds feeds GPUs of
@@ -166,6 +178,7 @@ func (w *Workload) SetSupply(gpusByModel map[string]int) {
 	for si := range w.shapes {
 		w.scale[si] = w.supplyScale(&w.shapes[si])
 	}
+	w.fill = nil
 	w.refresh()
 }
 
@@ -250,7 +263,8 @@ func (w *Workload) Len() int {
 // readers snapshots; it can also replace w by one to bound its size, the
 // lightest classes being those it saw least, and longest ago.
 func (w *Workload) Snapshot(maxClasses int) *Workload {
-	out := &Workload{halfLife: w.halfLife, boost: w.boost, hostFitOnly: w.hostFitOnly}
+	out := &Workload{halfLife: w.halfLife, boost: w.boost, hostFitOnly: w.hostFitOnly, noFill: w.noFill,
+		otherCPU: w.otherCPU, otherMemory: w.otherMemory, building: true}
 	keep := make([]int, len(w.classes))
 	for i := range keep {
 		keep[i] = i
@@ -267,6 +281,7 @@ func (w *Workload) Snapshot(maxClasses int) *Workload {
 		c.Models, c.ExcludeModels = slices.Clone(c.Models), slices.Clone(c.ExcludeModels)
 		out.AddClass(c)
 	}
+	out.building = false
 	out.SetSupply(w.supply)
 	return out
 }
@@ -285,6 +300,10 @@ func (w *Workload) Add(pod PodDemand) {
 		w.age()
 	}
 	c := pod.Constraints
+	if !hasGPUs(pod.Request) {
+		w.otherCPU += w.boosted(float64(pod.Host.CPUMilli))
+		w.otherMemory += w.boosted(float64(pod.Host.MemoryMiB))
+	}
 	for _, cr := range pod.Request.Containers {
 		if cr.Init && !cr.Sidecar {
 			continue
@@ -318,6 +337,8 @@ func (w *Workload) age() {
 	w.gpuDemand *= f
 	w.gpuCPU *= f
 	w.gpuMemory *= f
+	w.otherCPU *= f
+	w.otherMemory *= f
 	w.refresh()
 }
 
@@ -347,6 +368,7 @@ func (w *Workload) AddClass(c WorkloadClass) {
 	if c.GPUs < 0 || !(c.Weight > 0) {
 		return
 	}
+	w.adds++
 	w.total += c.Weight
 	if c.GPUs > 0 {
 		w.gpuDemand += c.Weight * demandGPUs(c.GPUs, c.Exclusive, c.MemoryPercent, c.CoresPercent)
@@ -396,7 +418,9 @@ func Fragmentation(node NodeState, w *Workload) float64 {
 		return 0
 	}
 	s := newFitState(PodRequest{}, node.Inventory, node.Usage)
-	return newFragModel(w, node.HostFree, HostResources{}, len(node.Inventory.GPUs)).node(s, false)
+	m := newFragModel(w, node.HostFree, HostResources{}, len(node.Inventory.GPUs))
+	m.setFill(node.HostFree, s.freeBefore())
+	return m.node(s, false)
 }
 
 // fragModel evaluates fragmentation on a fitState for one Fit call.
@@ -413,6 +437,10 @@ type fragModel struct {
 	// shapes, when the model is built from a NodeSummary's weights.
 	cntBuf [16]int
 	sumBuf [16]float64
+	// fill is whether the model counts expected fills (fill.go), with
+	// lambda the node's λ.
+	fill   bool
+	lambda float64
 }
 
 // shapeWeights is, per shape, the share of a workload that can use a
@@ -656,10 +684,14 @@ func (m *fragModel) stats(s *fitState) fragStats {
 		if free <= 0 {
 			continue
 		}
+		canUse := func(si int) bool {
+			return hasMask && mask&(1<<si) != 0 || !hasMask && usable(&m.w.shapes[si], g, u, s.node.SplitCount)
+		}
+		value := m.value(g, u, free, canUse)
 		for si := range m.w.shapes {
-			if hasMask && mask&(1<<si) != 0 || !hasMask && usable(&m.w.shapes[si], g, u, s.node.SplitCount) {
+			if canUse(si) {
 				m.cnt[si]++
-				m.sum[si] += free
+				m.sum[si] += value
 			}
 		}
 	}
@@ -719,12 +751,14 @@ func (m *fragModel) delta(s *fitState, gi int, before, after GPUUsage) float64 {
 	free0 := 1 - usedShare(g, before, split)
 	free1 := 1 - usedShare(g, after, split)
 	weight := &m.weight[1]
+	value0 := m.value(g, before, free0, func(si int) bool { return free0 > 0 && usable(&m.w.shapes[si], g, before, split) })
+	value1 := m.value(g, after, free1, func(si int) bool { return free1 > 0 && usable(&m.w.shapes[si], g, after, split) })
 	var d float64
 	for si := range m.w.shapes {
 		t := &m.w.shapes[si]
 		left := free0 > 0 && usable(t, g, before, split)
 		joins := free1 > 0 && usable(t, g, after, split)
-		d -= weight.usableChange(t, si, m.cnt[si], m.sum[si], free0, left, free1, joins)
+		d -= weight.usableChange(t, si, m.cnt[si], m.sum[si], value0, left, value1, joins)
 	}
 	// Every class sees the change of free capacity; those that can use it
 	// got it back above.

@@ -144,6 +144,7 @@ func TestWorkloadSupply(t *testing.T) {
 			t.Parallel()
 			w := vgpu.NewWorkload(pinned, any)
 			w.SetSupply(tt.supply)
+			w.SetExpectedFill(false) // the supply's weights alone
 			usage := vgputest.Usage(vgputest.Allocation(tt.node.Node).Slice(tt.uuid, 6000, 0).Obj())
 			got := vgpu.Fragmentation(vgpu.NodeState{Inventory: tt.node, Usage: usage}, w)
 			if math.Abs(got-tt.want) > 1e-9 {

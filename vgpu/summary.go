@@ -65,6 +65,9 @@ type fragSummary struct {
 	freeTotal float64
 	// before is the node's fragmentation (Placement.FragmentationBefore).
 	before float64
+	// fill and lambda are fragModel's.
+	fill   bool
+	lambda float64
 }
 
 // summaryBlock holds a NodeSummary of up to blockGPUs GPUs, measured
@@ -172,6 +175,14 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			}
 		}
 	}
+	var freeCap float64
+	for gi := range s.inv.GPUs {
+		if s.inv.GPUs[gi].Health == Healthy {
+			freeCap += f.free[gi]
+		}
+	}
+	m.setFill(node.HostFree, freeCap)
+	f.fill, f.lambda = m.fill, m.lambda
 	st.env.frag = m
 	f.freeTotal = m.stats(st).free
 	f.before = m.measure(f.freeTotal, &m.weight[0])
@@ -349,14 +360,24 @@ func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeight
 	free0 := 1 - cell.share // fragSummary.free
 	free1 := 1 - shareOf(after, cell.schedulableMiB, cell.coresCap, split)
 	f := s.frag
+	// The mask says the shape could use the GPU before, so its model
+	// passes and only the capacity after is left to check.
+	joins := func(si int) bool {
+		t := &s.w.shapes[si]
+		return cell.mask&(1<<si) != 0 && free1 > 0 && (t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split))
+	}
+	value0, value1 := free0, free1
+	if f.fill {
+		m := fragModel{w: s.w, fill: f.fill, lambda: f.lambda}
+		g := &s.inv.GPUs[cell.gi]
+		value0 = m.value(g, cell.usage(), free0, func(si int) bool { return free0 > 0 && cell.mask&(1<<si) != 0 })
+		value1 = m.value(g, after, free1, joins)
+	}
 	var d float64
 	for mask := cell.mask; mask != 0; mask &= mask - 1 {
 		si := bits.TrailingZeros64(mask)
 		t := &s.w.shapes[si]
-		// The mask says the shape could use the GPU before, so its model
-		// passes and only the capacity after is left to check.
-		joins := free1 > 0 && (t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split))
-		d -= weight.usableChange(t, si, f.cnt[si], f.sum[si], free0, free0 > 0, free1, joins)
+		d -= weight.usableChange(t, si, f.cnt[si], f.sum[si], value0, free0 > 0, value1, joins(si))
 	}
 	return d + (free1 - free0)
 }

@@ -28,7 +28,15 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 50, CoresPercent: 50, Host: vgpu.HostResources{CPUMilli: 1000}, Weight: 1},
 		vgpu.WorkloadClass{Host: vgpu.HostResources{CPUMilli: 2000}, Weight: 1},
 	)
-	workloads := []*vgpu.Workload{vgpu.DefaultWorkload(), nil, hosted}
+	// filled has a supply, so it counts expected fills (fill.go), with
+	// slices pinned to a model so that its fill tables differ by model,
+	// and a pod without GPUs for the hosts' λ.
+	filled := hosted.Snapshot(0)
+	filled.AddClass(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 45, Models: []string{"T4"}, Host: vgpu.HostResources{CPUMilli: 2000, MemoryMiB: 2048}, Weight: 2})
+	filled.AddClass(vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 20, CoresPercent: 20, Weight: 1})
+	filled.Add(vgpu.PodDemand{Host: vgpu.HostResources{CPUMilli: 3000, MemoryMiB: 4096}})
+	filled.SetSupply(map[string]int{"NVIDIA A100-SXM4-80GB": 8, "Tesla T4": 4, "NVIDIA H100": 8})
+	workloads := []*vgpu.Workload{vgpu.DefaultWorkload(), nil, hosted, filled}
 	other := vgpu.DefaultWorkload()
 	for _, seed := range propertySeeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
