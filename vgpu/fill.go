@@ -54,9 +54,17 @@ func (w *Workload) refreshFill() {
 		return
 	}
 	fill := make(map[string][]float64, len(w.supply)+1)
-	fill[""] = w.fillTable("")
+	if t := w.fillTable(""); t != nil {
+		fill[""] = t
+	}
 	for m := range w.supply {
-		fill[m] = w.fillTable(m)
+		if t := w.fillTable(m); t != nil {
+			fill[m] = t
+		}
+	}
+	if len(fill) == 0 {
+		// No slice given as a share of a GPU: nothing to learn a fill from.
+		fill = nil
 	}
 	w.fill, w.fillAt = fill, w.adds
 }
@@ -75,7 +83,9 @@ func fillShare(t *WorkloadClass) (milli int, ok bool) {
 // GPU with r thousandths free ends with unused (index r): fillRuns replays
 // of fillItems slices drawn from the shapes the model admits, by their
 // weight, each placed on the GPU that leaves the least free share, or a new
-// one. A share no replay saw counts as never filled.
+// one. A share no replay saw counts as never filled. Only slices given as a
+// share of a GPU (percent) are drawn; without any the model has no table
+// (nil), and its GPUs count their free share as the paper's measure does.
 func (w *Workload) fillTable(model string) []float64 {
 	type draw struct {
 		milli int
@@ -100,7 +110,7 @@ func (w *Workload) fillTable(model string) []float64 {
 		waste[r] = float64(r) / 1000
 	}
 	if len(draws) == 0 || demand <= 0 {
-		return waste
+		return nil
 	}
 	// The horizon: fillItems slices, or fewer when the GPUs (of the
 	// model) fill with fewer, at the workload's mix.
@@ -239,6 +249,9 @@ func (m *fragModel) value(g *GPU, u GPUUsage, free float64, usable func(si int) 
 	table := m.w.fill[g.Model]
 	if table == nil {
 		table = m.w.fill[""]
+	}
+	if table == nil {
+		return free
 	}
 	r := min(max(int(math.Round(free*1000)), 0), 1000)
 	return m.lambda*(free-table[r])*q/p + (1-m.lambda)*free
