@@ -105,10 +105,6 @@ func (w *Workload) fillTable(model string) []float64 {
 			draws = append(draws, draw{milli, total})
 		}
 	}
-	waste := make([]float64, 1001)
-	for r := range waste {
-		waste[r] = float64(r) / 1000
-	}
 	if len(draws) == 0 || demand <= 0 {
 		return nil
 	}
@@ -168,12 +164,13 @@ func (w *Workload) fillTable(model string) []float64 {
 			}
 		}
 	}
-	for r := 1; r < 1000; r++ {
-		if seen[r] > 0 {
+	waste := make([]float64, 1001)
+	for r := range waste {
+		waste[r] = float64(r) / 1000 // never filled, unless a replay saw it
+		if r > 0 && r < 1000 && seen[r] > 0 {
 			waste[r] = sum[r] / float64(seen[r])
 		}
 	}
-	waste[0] = 0
 	return waste
 }
 
@@ -269,7 +266,7 @@ func hasGPUs(r PodRequest) bool {
 }
 
 // freeBefore is the node's free GPU capacity without the pod: its healthy
-// GPUs' free shares summed in GPU order, as Summarize sums fragSummary.free.
+// GPUs' free shares summed in GPU order (Fit's and Summarize's λ).
 func (s *fitState) freeBefore() float64 {
 	var free float64
 	for gi := range s.node.GPUs {

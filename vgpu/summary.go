@@ -175,13 +175,7 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 			}
 		}
 	}
-	var freeCap float64
-	for gi := range s.inv.GPUs {
-		if s.inv.GPUs[gi].Health == Healthy {
-			freeCap += f.free[gi]
-		}
-	}
-	m.setFill(node.HostFree, freeCap)
+	m.setFill(node.HostFree, st.freeBefore())
 	f.fill, f.lambda = m.fill, m.lambda
 	st.env.frag = m
 	f.freeTotal = m.stats(st).free

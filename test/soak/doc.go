@@ -20,9 +20,9 @@
 // When the chaos stops, every GPU is reset and, within 60 s, every pod that fits (vgpu.Fit over
 // the pods running) must be Running; then every pod is deleted, the extender must count nothing
 // held (no leaked reservation) once its informer has caught up (within 75 s: client-go's
-// reflector backs off for up to 60 s after repeated API server restarts), and the freed cluster must take a full set of slices again, all
-// Running within 60 s. Run prints a summary (pods created, deleted and running, faults by kind,
-// violations); any violation fails the test. Pods that a kubelet refuses at admission while its
+// reflector backs off for up to 60 s after repeated API server restarts), and the freed
+// cluster must take a full set of slices again, all Running within 60 s. Run prints a summary
+// (pods created, deleted and running, faults by kind, violations); any violation fails the test. Pods that a kubelet refuses at admission while its
 // device plugin is down (Kubernetes does that, FIELD.md §1) are counted, not violations, and are
 // deleted as a controller would replace them.
 package soak
