@@ -31,19 +31,36 @@ var benchModels = []struct {
 
 // benchSlices are the six slice sizes (MiB, cores %) of the benchmark's
 // pods, placed and asked for in turn.
-var benchSlices = []benchSlice{{1024, 5}, {2048, 10}, {4096, 10}, {8192, 20}, {16384, 30}, {40960, 50}}
+var benchSlices = []benchSlice{{memoryMiB: 1024, cores: 5}, {memoryMiB: 2048, cores: 10}, {memoryMiB: 4096, cores: 10},
+	{memoryMiB: 8192, cores: 20}, {memoryMiB: 16384, cores: 30}, {memoryMiB: 40960, cores: 50}}
 
-// benchSlice is one slice size of the benchmark's pods.
+// benchPercentSlices are six slice sizes given as shares of a GPU
+// (hami.io/gpumem-percentage and cores %), as the FGD trace's pods ask: a
+// workload of such slices learns expected-fill tables (vgpu/fill.go).
+var benchPercentSlices = []benchSlice{{memoryPercent: 5, cores: 5}, {memoryPercent: 10, cores: 10}, {memoryPercent: 25, cores: 25},
+	{memoryPercent: 30, cores: 30}, {memoryPercent: 50, cores: 50}, {memoryPercent: 70, cores: 70}}
+
+// benchSlice is one slice size of the benchmark's pods: memoryMiB, or else
+// memoryPercent of the GPU's memory, and cores percent.
 type benchSlice struct {
-	memoryMiB int64
-	cores     int
+	memoryMiB     int64
+	memoryPercent int
+	cores         int
+}
+
+// builder returns a pod named name asking for the slice on one GPU.
+func (sl benchSlice) builder(name string) *vgputest.PodBuilder {
+	pb := vgputest.Pod(name).Container("main").GPU(1).Cores(sl.cores)
+	if sl.memoryPercent > 0 {
+		return pb.MemoryPercent(sl.memoryPercent)
+	}
+	return pb.MemoryMiB(sl.memoryMiB)
 }
 
 // pod returns a pod named name asking for the slice on one GPU, and 4 CPUs
 // and 16 GiB of the host, as GPU pods do.
 func (sl benchSlice) pod(name string) *corev1.Pod {
-	return vgputest.Pod(name).Container("main").GPU(1).MemoryMiB(sl.memoryMiB).Cores(sl.cores).
-		Request(corev1.ResourceCPU, "4").Request(corev1.ResourceMemory, "16Gi").Obj()
+	return sl.builder(name).Request(corev1.ResourceCPU, "4").Request(corev1.ResourceMemory, "16Gi").Obj()
 }
 
 // benchScheduler is a synced Scheduler over nodes published nodes of 8 GPUs
@@ -53,6 +70,12 @@ func (sl benchSlice) pod(name string) *corev1.Pod {
 // policy, so GPUs fill unevenly as in a real cluster. Seeded: the same
 // arguments give the same cluster.
 func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (*Scheduler, []string) {
+	b.Helper()
+	return benchSchedulerOf(b, nodes, slicesPlaced, policy, benchSlices)
+}
+
+// benchSchedulerOf is benchScheduler with the slices shapes placed in turn.
+func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy, shapes []benchSlice) (*Scheduler, []string) {
 	b.Helper()
 	cfg := testConfig()
 	cfg.NodePolicy, cfg.GPUPolicy = policy, policy
@@ -84,9 +107,9 @@ func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (
 	opts := s.fitOptions
 	opts.Unscored = true
 	for placed, tries := 0, 0; placed < slicesPlaced && tries < 4*slicesPlaced; tries++ {
-		sl := benchSlices[tries%len(benchSlices)]
+		sl := shapes[tries%len(shapes)]
 		i := rng.IntN(nodes)
-		pb := vgputest.Pod(fmt.Sprintf("placed-%06d", tries)).Container("main").GPU(1).MemoryMiB(sl.memoryMiB).Cores(sl.cores)
+		pb := sl.builder(fmt.Sprintf("placed-%06d", tries))
 		p, err := s.state.nodes[names[i]].summary.Fit(vgpu.PodDemand{Request: pb.PodRequest()}, opts)
 		if err != nil {
 			continue
@@ -94,7 +117,13 @@ func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (
 		if err := s.state.upsertPod(boundPod(pb, p.Allocation)); err != nil {
 			b.Fatal(err)
 		}
+		s.workload.add(vgpu.PodDemand{Request: pb.PodRequest()}) // as podArrived does
 		placed++
+	}
+	// The online workload learnt from those pods, with the cluster's GPUs
+	// as its supply, as workloadLoop publishes it.
+	if w := s.workload.snapshot(); w != nil {
+		s.state.setWorkload(w)
 	}
 	s.synced.Store(true) // as WatchCluster does once the lists are counted
 	// What building the cluster left behind (decoded annotations, test
@@ -106,7 +135,10 @@ func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (
 // BenchmarkFilterPrioritize is one pod's Filter and then Prioritize over
 // 5,000 nodes of 8 GPUs holding 40,000 slices, in-process (no HTTP), as
 // kube-scheduler calls them with nodeCacheCapable: Prioritize gets the
-// nodes Filter passed. Per node and GPU policy, two cases:
+// nodes Filter passed. The online workload has learnt the placed slices.
+// Per node and GPU policy, and per set of slices (benchSlices, in MiB;
+// "-percent": benchPercentSlices, shares of a GPU, whose workload learns
+// expected-fill tables), two cases:
 //   - cold: every node's remembered verdicts are dropped before each pod,
 //     so every node is judged afresh (the first pod of a new shape);
 //   - burst: pods of the six benchSlices shapes in turn, each reserved on
@@ -120,51 +152,63 @@ func benchScheduler(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy) (
 func BenchmarkFilterPrioritize(b *testing.B) {
 	const nodes, placed = 5000, 40000
 	for _, policy := range vgpu.Policies() {
-		s, names := benchScheduler(b, nodes, placed, policy)
-		base := benchBaseline(s, names)
-		// Pod names go on from run to run: with -count, a sub-benchmark
-		// runs again on the same cluster, which holds the pods reserved
-		// before.
-		i := 0
-		for _, mode := range []string{"cold", "burst"} {
-			b.Run(string(policy)+"/"+mode, func(b *testing.B) {
-				var took []time.Duration
-				if mode == "burst" {
-					// The first pod of each shape is the cold case: a burst
-					// is measured once every shape has arrived.
-					for range benchSlices {
-						pod := benchSlices[i%len(benchSlices)].pod(fmt.Sprintf("warm-%d", i))
-						benchBind(b, s, pod, benchPair(b, s, names, pod))
-						i++
-					}
-				}
-				b.ReportAllocs()
-				for b.Loop() {
-					if mode == "cold" {
-						b.StopTimer()
-						for _, n := range s.state.nodes {
-							n.verdicts = verdictCache{}
-						}
-						b.StartTimer()
-					}
-					pod := benchSlices[i%len(benchSlices)].pod(fmt.Sprintf("bench-%06d", i))
-					i++
-					start := time.Now()
-					scores := benchPair(b, s, names, pod)
-					took = append(took, time.Since(start))
-					if mode == "burst" {
-						b.StopTimer()
-						benchBind(b, s, pod, scores)
-						b.StartTimer()
-					}
-				}
-				slices.Sort(took)
-				p50, p99 := took[len(took)/2], took[(len(took)*99)/100]
-				b.ReportMetric(ms(p50), "p50-ms")
-				b.ReportMetric(ms(p99), "p99-ms")
-				b.ReportMetric(float64(p50)/float64(base), "x-baseline")
-			})
+		for _, unit := range []string{"", "-percent"} {
+			shapes := benchSlices
+			if unit != "" {
+				shapes = benchPercentSlices
+			}
+			benchFilterPrioritize(b, string(policy)+unit, nodes, placed, policy, shapes)
 		}
+	}
+}
+
+// benchFilterPrioritize runs BenchmarkFilterPrioritize's cold and burst
+// cases for one policy and one set of slice shapes.
+func benchFilterPrioritize(b *testing.B, name string, nodes, placed int, policy vgpu.Policy, shapes []benchSlice) {
+	s, names := benchSchedulerOf(b, nodes, placed, policy, shapes)
+	base := benchBaseline(s, names)
+	// Pod names go on from run to run: with -count, a sub-benchmark
+	// runs again on the same cluster, which holds the pods reserved
+	// before.
+	i := 0
+	for _, mode := range []string{"cold", "burst"} {
+		b.Run(name+"/"+mode, func(b *testing.B) {
+			var took []time.Duration
+			if mode == "burst" {
+				// The first pod of each shape is the cold case: a burst
+				// is measured once every shape has arrived.
+				for range shapes {
+					pod := shapes[i%len(shapes)].pod(fmt.Sprintf("warm-%d", i))
+					benchBind(b, s, pod, benchPair(b, s, names, pod))
+					i++
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if mode == "cold" {
+					b.StopTimer()
+					for _, n := range s.state.nodes {
+						n.verdicts = verdictCache{}
+					}
+					b.StartTimer()
+				}
+				pod := shapes[i%len(shapes)].pod(fmt.Sprintf("bench-%06d", i))
+				i++
+				start := time.Now()
+				scores := benchPair(b, s, names, pod)
+				took = append(took, time.Since(start))
+				if mode == "burst" {
+					b.StopTimer()
+					benchBind(b, s, pod, scores)
+					b.StartTimer()
+				}
+			}
+			slices.Sort(took)
+			p50, p99 := took[len(took)/2], took[(len(took)*99)/100]
+			b.ReportMetric(ms(p50), "p50-ms")
+			b.ReportMetric(ms(p99), "p99-ms")
+			b.ReportMetric(float64(p50)/float64(base), "x-baseline")
+		})
 	}
 }
 

@@ -7,17 +7,17 @@ import (
 )
 
 // unjudged is the value of a node that evaluateBest left unfitted because
-// its bound is below the best tier: below every score, so Filter leaves it
-// out of its answer.
+// its bound is below the best score's value: below every score, so Filter
+// leaves it out of its answer.
 const unjudged = -1
 
 // evaluateBest sets verdicts[i] to the verdict of names[i] for d, a pod
 // that asks for GPUs, as evaluateAll would, but for a Filter that passes
-// only the nodes of the best tier: it fits a node that its screen
+// only the nodes of the best score: it fits a node that its screen
 // (readiness, the summary's Reject, a remembered verdict) leaves undecided
 // only while the node's vgpu.NodeFigures.ScoreBound can reach the best
 // score found so far. A node it does not fit gets a fitting verdict of
-// value unjudged: it could not have been of the best tier, and Filter
+// value unjudged: it could not have tied the best score, and Filter
 // leaves it out without saying whether the pod fits there. When no node
 // fits, every node is fitted, so the pod's FailedScheduling event still
 // names each node's reason.

@@ -117,10 +117,10 @@ func boundTestPod(rng *rand.Rand, name string) *corev1.Pod {
 func fullScanPassed(s *Scheduler, names []string, d *demand) []string {
 	verdicts := make([]verdict, len(names))
 	s.evaluateAll(names, d, func(i int, v verdict) { verdicts[i] = v })
-	tier := bestTier(verdicts)
+	best := bestScore(verdicts)
 	passed := []string{}
 	for i, v := range verdicts {
-		if v.fits && v.value >= tier {
+		if v.fits && v.score().Compare(*best) >= 0 {
 			passed = append(passed, names[i])
 		}
 	}

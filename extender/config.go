@@ -153,8 +153,9 @@ type FilterResult string
 
 const (
 	// FilterResultBest passes only the nodes of the best node-policy
-	// score (vgpu.Score's Value, 0..100, finer than Prioritize's 0..10),
-	// every node of that score. kube-scheduler's own score plugins choose
+	// score (vgpu.Score, compared by NodeScore.Compare: its Value 0..100,
+	// then its Raw measure and Tie, as gpuslice simulate picks a node),
+	// every node that ties it. kube-scheduler's own score plugins choose
 	// among them, and its profile needs no prioritizeVerb: one HTTP round
 	// trip per pod instead of two.
 	FilterResultBest FilterResult = "best"
@@ -281,7 +282,7 @@ func (c Config) Validate() error {
 		errs = append(errs, vgpu.InvalidField("gcPercent", fmt.Sprint(c.GCPercent), "must be from 10 to 1000 (the Go garbage collector's GOGC target, in percent)"))
 	}
 	if c.FilterResult != FilterResultBest && c.FilterResult != FilterResultFeasible {
-		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the nodes of the best score tier; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
+		errs = append(errs, vgpu.InvalidField("filterResult", string(c.FilterResult), fmt.Sprintf("must be %q (only the nodes of the best score; the profile needs no prioritizeVerb) or %q (every node where the pod fits, scored by prioritizeVerb)", FilterResultBest, FilterResultFeasible)))
 	}
 	if c.Workload != WorkloadOnline && c.Workload != WorkloadDefault {
 		errs = append(errs, vgpu.InvalidField("workload", string(c.Workload), fmt.Sprintf("must be %q (learnt from the pods the extender sees) or %q (vgpu's default workload)", WorkloadOnline, WorkloadDefault)))

@@ -38,10 +38,11 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 
 // Filter keeps the candidate nodes where the pod fits now, for
 // kube-scheduler's filterVerb; with Config.FilterResult best (the default)
-// only those of them of the best node-policy score (vgpu.Score's Value,
-// 0..100, finer than Prioritize's 0..10): the others are left out of the
-// answer, neither passed nor failed; most of them are not even fitted, as
-// their score bound is below the best score found (evaluateBest), so
+// only those of them that tie the best node-policy score (vgpu.Score by
+// NodeScore.Compare: Value 0..100, then Raw and Tie; Prioritize answers
+// Value on 0..10): the others are left out of the answer, neither passed
+// nor failed; many of them are not even fitted, as their score bound is
+// below the best value found (evaluateBest), so
 // while the pod fits somewhere FailedNodes and the rejection counters
 // cover only the nodes judged. When it fits nowhere every node is judged.
 // The answer has the same form as the
@@ -98,15 +99,15 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			verdicts[i] = verdict{fits: true}
 		}
 	}
-	tier := -1 // every fitting node passes
+	var best *vgpu.NodeScore // nil: every fitting node passes
 	if s.cfg.FilterResult == FilterResultBest {
-		tier = bestTier(verdicts)
+		best = bestScore(verdicts)
 	}
 	// The answer's parts are sized from a count first: with thousands of
 	// nodes they are most of what one Filter allocates.
 	var n [outcomes]int
 	for i := range verdicts {
-		n[outcomeOf(&verdicts[i], tier)]++
+		n[outcomeOf(&verdicts[i], best)]++
 	}
 	result := &extenderv1.ExtenderFilterResult{
 		FailedNodes:                make(extenderv1.FailedNodesMap, n[outcomeFailed]),
@@ -117,7 +118,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	counts := map[vgpu.Reason]int64{}
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
-		outcome := outcomeOf(&v, tier)
+		outcome := outcomeOf(&v, best)
 		switch outcome {
 		case outcomeLeftOut:
 			continue
@@ -180,10 +181,10 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 type filterOutcome int
 
 const (
-	// outcomePassed: the pod fits and the node is of the best tier.
+	// outcomePassed: the pod fits and the node ties the best score.
 	outcomePassed filterOutcome = iota
 	// outcomeLeftOut: the pod fits, but the node scores below the best
-	// tier; neither passed nor failed.
+	// score; neither passed nor failed.
 	outcomeLeftOut
 	// outcomeFailed and outcomeUnresolvable: in FailedNodes and in
 	// FailedAndUnresolvableNodes.
@@ -192,11 +193,11 @@ const (
 	outcomes // how many there are
 )
 
-// outcomeOf is v's outcome when the best tier is tier (-1: every fitting
-// node passes).
-func outcomeOf(v *verdict, tier int) filterOutcome {
+// outcomeOf is v's outcome when best is the best score (nil: every
+// fitting node passes).
+func outcomeOf(v *verdict, best *vgpu.NodeScore) filterOutcome {
 	switch {
-	case v.fits && v.value >= tier:
+	case v.fits && (best == nil || v.score().Compare(*best) >= 0):
 		return outcomePassed
 	case v.fits:
 		return outcomeLeftOut
@@ -206,16 +207,22 @@ func outcomeOf(v *verdict, tier int) filterOutcome {
 	return outcomeFailed
 }
 
-// bestTier returns the best score value (vgpu.Score's Value, 0..100) among
-// the fitting verdicts; -1 when none fits.
-func bestTier(verdicts []verdict) int {
-	best := -1
+// bestScore returns the best score (vgpu.NodeScore.Compare) among the
+// fitting verdicts, the first of those that tie; nil when none fits.
+func bestScore(verdicts []verdict) *vgpu.NodeScore {
+	var best vgpu.NodeScore
+	found := false
 	for i := range verdicts {
 		if v := &verdicts[i]; v.fits {
-			best = max(best, v.value)
+			if sc := v.score(); !found || sc.Compare(best) > 0 {
+				best, found = sc, true
+			}
 		}
 	}
-	return best
+	if !found {
+		return nil
+	}
+	return &best
 }
 
 // Prioritize scores the candidate nodes for kube-scheduler's

@@ -217,9 +217,10 @@ func TestFilterFitRejection(t *testing.T) {
 
 // TestFilterResult checks which fitting nodes Filter passes: with
 // FilterResultBest only the nodes of the best score under the node policy
-// (every node of it, in input order; the score at vgpu.Score's resolution,
-// finer than Prioritize's 0..10), with FilterResultFeasible all of them; nodes
-// left out are not failed, and failed nodes are failed alike in both.
+// (every node that ties it, in input order; scores compared as
+// vgpu.NodeScore.Compare does, Value then Raw, so a node of the best Value
+// but a lower Raw is left out), with FilterResultFeasible all of them;
+// nodes left out are not failed, and failed nodes are failed alike in both.
 func TestFilterResult(t *testing.T) {
 	_, a := gpuNode("a", 1, 16384)
 	_, b := gpuNode("b", 1, 16384)
@@ -227,15 +228,21 @@ func TestFilterResult(t *testing.T) {
 	full, d := gpuNode("d", 1, 16384)
 	_, eObjs := gpuNode("e", 1, 16384)
 	_, fObjs := gpuNode("f", 1, 16384)
+	_, gObjs := gpuNode("g", 1, 16384)
+	_, hObjs := gpuNode("h", 1, 16384)
 	onC := vgputest.Allocation("c").Container("main").Slice("c-GPU-0", 4915, 0).Obj()
 	onD := vgputest.Allocation("d").Container("main").Slice("d-GPU-0", 16000, 0).Obj()
 	onE := vgputest.Allocation("e").Container("main").Slice("e-GPU-0", 4915, 0).Obj()
 	onF := vgputest.Allocation("f").Container("main").Slice("f-GPU-0", 4260, 0).Obj()
-	objs := objects(a, b, c, d, eObjs, fObjs, []runtime.Object{
+	onG := vgputest.Allocation("g").Container("main").Slice("g-GPU-0", 4960, 0).Obj()
+	onH := vgputest.Allocation("h").Container("main").Slice("h-GPU-0", 4960, 0).Obj()
+	objs := objects(a, b, c, d, eObjs, fObjs, gObjs, hObjs, []runtime.Object{
 		boundPod(vgputest.Pod("on-c").Container("main").GPU(1).MemoryMiB(4915), onC),
 		boundPod(vgputest.Pod("on-d").Container("main").GPU(1).MemoryMiB(16000), onD),
 		boundPod(vgputest.Pod("on-e").Container("main").GPU(1).MemoryMiB(4915), onE),
 		boundPod(vgputest.Pod("on-f").Container("main").GPU(1).MemoryMiB(4260), onF),
+		boundPod(vgputest.Pod("on-g").Container("main").GPU(1).MemoryMiB(4960), onG),
+		boundPod(vgputest.Pod("on-h").Container("main").GPU(1).MemoryMiB(4960), onH),
 	})
 	pod := slicePod("p", 8192)
 	for _, tc := range []struct {
@@ -243,12 +250,13 @@ func TestFilterResult(t *testing.T) {
 		policy vgpu.Policy
 		want   []string
 	}{
-		// c and e are 80% used after the pod, both; f 76%, which
-		// Prioritize's 0..10 puts in their tier (8 of 10).
-		{FilterResultBest, vgpu.PolicyBinpack, []string{"c", "e"}},
+		// g and h are 80.27% used after the pod, both: Value 80. c and
+		// e are 79.99% used, also Value 80 but a lower Raw; f 76%,
+		// which Prioritize's 0..10 puts in their tier (8 of 10).
+		{FilterResultBest, vgpu.PolicyBinpack, []string{"g", "h"}},
 		{FilterResultBest, vgpu.PolicySpread, []string{"b", "a"}},
-		{FilterResultFeasible, vgpu.PolicyBinpack, []string{"b", "c", "e", "f", "a"}},
-		{FilterResultFeasible, vgpu.PolicySpread, []string{"b", "c", "e", "f", "a"}},
+		{FilterResultFeasible, vgpu.PolicyBinpack, []string{"b", "c", "e", "g", "h", "f", "a"}},
+		{FilterResultFeasible, vgpu.PolicySpread, []string{"b", "c", "e", "g", "h", "f", "a"}},
 	} {
 		t.Run(string(tc.result)+"/"+string(tc.policy), func(t *testing.T) {
 			cfg := testConfig()
@@ -256,14 +264,15 @@ func TestFilterResult(t *testing.T) {
 			e := newEnv(t, cfg, objs...)
 			waitFor(t, "bound pods counted", func() bool {
 				return e.s.NodeUsage("c").GPU("c-GPU-0").MemoryMiB == 4915 && e.s.NodeUsage("d").GPU("d-GPU-0").MemoryMiB == 16000 &&
-					e.s.NodeUsage("e").GPU("e-GPU-0").MemoryMiB == 4915 && e.s.NodeUsage("f").GPU("f-GPU-0").MemoryMiB == 4260
+					e.s.NodeUsage("e").GPU("e-GPU-0").MemoryMiB == 4915 && e.s.NodeUsage("f").GPU("f-GPU-0").MemoryMiB == 4260 &&
+					e.s.NodeUsage("g").GPU("g-GPU-0").MemoryMiB == 4960 && e.s.NodeUsage("h").GPU("h-GPU-0").MemoryMiB == 4960
 			})
 			want := extenderv1.ExtenderFilterResult{
 				NodeNames:                  &tc.want,
 				FailedNodes:                extenderv1.FailedNodesMap{"d": needMessage(t, pod, full, vgputest.Usage(onD))},
 				FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
 			}
-			if diff := cmp.Diff(want, e.filter(pod, "b", "c", "d", "e", "f", "a")); diff != "" {
+			if diff := cmp.Diff(want, e.filter(pod, "b", "c", "d", "e", "g", "h", "f", "a")); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})

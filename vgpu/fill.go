@@ -2,6 +2,7 @@ package vgpu
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 )
@@ -223,35 +224,75 @@ func (m *fragModel) setFill(hostFree *HostResources, freeCap float64) {
 
 // value is what each shape that can use GPU g, holding u with free share
 // free, counts of it: free when m counts no fills or g is untouched; else
-// the expected use of the free share, spread over the shapes that can use
-// g (usable: whether shape si can) and weighed by the share of the workload
-// whose model filter admits g, λ of it, and 1 − λ of free.
+// valueOf with the weight of the shapes that can use g (usable: whether
+// shape si can).
 func (m *fragModel) value(g *GPU, u GPUUsage, free float64, usable func(si int) bool) float64 {
 	if !m.fill || free <= 0 || u == (GPUUsage{}) {
 		return free
 	}
-	var p, q float64
+	var p float64
 	for si := range m.w.shapes {
-		full := m.w.rich.full[si]
 		if usable(si) {
-			p += full
-		}
-		if modelAdmits(&m.w.shapes[si], g) {
-			q += full
+			p += m.w.rich.full[si]
 		}
 	}
-	if p <= 0 {
-		return free
-	}
-	table := m.w.fill[g.Model]
-	if table == nil {
-		table = m.w.fill[""]
-	}
-	if table == nil {
+	return m.valueOf(g, free, p)
+}
+
+// valueOf is value for a partly used GPU g with free share free that
+// shapes of weight p (summed in shape order) can use.
+func (m *fragModel) valueOf(g *GPU, free, p float64) float64 {
+	return m.valueAt(m.w.fillFor(g), m.w.admittedFull(g), free, p)
+}
+
+// valueAt is valueOf for a GPU whose model has fill table table and whose
+// model filters admit shapes of weight q: the expected use of the free
+// share, spread over the shapes that can use the GPU and weighed by the
+// share of the workload that its model admits, λ of it, and 1 − λ of free.
+func (m *fragModel) valueAt(table []float64, q, free, p float64) float64 {
+	if p <= 0 || table == nil {
 		return free
 	}
 	r := min(max(int(math.Round(free*1000)), 0), 1000)
 	return m.lambda*(free-table[r])*q/p + (1-m.lambda)*free
+}
+
+// fillFor is the fill table of g's model, else the one for any model, or
+// nil.
+func (w *Workload) fillFor(g *GPU) []float64 {
+	if t := w.fill[g.Model]; t != nil {
+		return t
+	}
+	return w.fill[""]
+}
+
+// fullOf is the weight of the shapes in mask, summed in shape order.
+func (w *Workload) fullOf(mask uint64) float64 {
+	var p float64
+	for ; mask != 0; mask &= mask - 1 {
+		p += w.rich.full[bits.TrailingZeros64(mask)]
+	}
+	return p
+}
+
+// admittedFull is the weight of the shapes whose model filter admits g,
+// summed in shape order: w.rich's for the models of the supply.
+func (w *Workload) admittedFull(g *GPU) float64 {
+	if q, ok := w.rich.admitted[g.Model]; ok {
+		return q
+	}
+	return admittedOf(w.shapes, w.rich.full, g)
+}
+
+// admittedOf is admittedFull over shapes weighing full.
+func admittedOf(shapes []WorkloadClass, full []float64, g *GPU) float64 {
+	var q float64
+	for si := range shapes {
+		if modelAdmits(&shapes[si], g) {
+			q += full[si]
+		}
+	}
+	return q
 }
 
 // hasGPUs reports whether r has a container that runs with the app

@@ -63,6 +63,9 @@ type richHost struct {
 	perGPU  float64
 	full    []float64
 	total   float64
+	// admitted is, per model of the supply, the weight (of full) of the
+	// shapes whose model filter admits its GPUs (admittedFull).
+	admitted map[string]float64
 }
 
 // refresh recomputes w.rich after a change to the classes, their weights
@@ -84,6 +87,10 @@ func (w *Workload) refresh() {
 			si := w.shapeOf[ci]
 			r.full[si] += c.Weight * w.scale[si] / r.total
 		}
+	}
+	r.admitted = make(map[string]float64, len(w.supply))
+	for m := range w.supply {
+		r.admitted[m] = admittedOf(w.shapes, r.full, &GPU{Model: m})
 	}
 	w.rich = r
 	w.refreshFill()

@@ -45,6 +45,11 @@ type gpuCell struct {
 	// mask is the shapes of the summary's workload that can take a slice
 	// of the GPU (fragSummary.masks), for quickFit's fragmentation deltas.
 	mask uint64
+	// fill and admitted are the summary's workload's fill table for the
+	// GPU and the weight of its shapes that the GPU's model admits
+	// (fragModel.valueAt), when fragSummary.fill.
+	fill     []float64
+	admitted float64
 }
 
 // fragSummary is the node's fragmentation before a pod, for one workload.
@@ -185,8 +190,13 @@ func Summarize(node NodeState, w *Workload) *NodeSummary {
 	f.weight = m.weight
 	s.frag = f
 	for i := range s.cells {
-		if c := &s.cells[i]; f.masks != nil {
+		c := &s.cells[i]
+		if f.masks != nil {
 			c.mask = f.masks[c.gi]
+		}
+		if f.fill {
+			g := &s.inv.GPUs[c.gi]
+			c.fill, c.admitted = w.fillFor(g), w.admittedFull(g)
 		}
 	}
 	s.boundFragmentation(w, f)
@@ -360,18 +370,29 @@ func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeight
 		t := &s.w.shapes[si]
 		return cell.mask&(1<<si) != 0 && free1 > 0 && (t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split))
 	}
+	var joined uint64 // the shapes of the mask that can use the GPU after
+	for mask := cell.mask; mask != 0; mask &= mask - 1 {
+		if si := bits.TrailingZeros64(mask); joins(si) {
+			joined |= 1 << si
+		}
+	}
 	value0, value1 := free0, free1
 	if f.fill {
+		// fragModel.value, with the shapes that can use the GPU summed
+		// from the masks.
 		m := fragModel{w: s.w, fill: f.fill, lambda: f.lambda}
-		g := &s.inv.GPUs[cell.gi]
-		value0 = m.value(g, cell.usage(), free0, func(si int) bool { return free0 > 0 && cell.mask&(1<<si) != 0 })
-		value1 = m.value(g, after, free1, joins)
+		if free0 > 0 && cell.usage() != (GPUUsage{}) {
+			value0 = m.valueAt(cell.fill, cell.admitted, free0, s.w.fullOf(cell.mask))
+		}
+		if free1 > 0 && after != (GPUUsage{}) {
+			value1 = m.valueAt(cell.fill, cell.admitted, free1, s.w.fullOf(joined))
+		}
 	}
 	var d float64
 	for mask := cell.mask; mask != 0; mask &= mask - 1 {
 		si := bits.TrailingZeros64(mask)
 		t := &s.w.shapes[si]
-		d -= weight.usableChange(t, si, f.cnt[si], f.sum[si], value0, free0 > 0, value1, joins(si))
+		d -= weight.usableChange(t, si, f.cnt[si], f.sum[si], value0, free0 > 0, value1, joined&(1<<si) != 0)
 	}
 	return d + (free1 - free0)
 }
