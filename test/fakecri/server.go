@@ -42,8 +42,9 @@ type Options struct {
 // New returns a Server that appends a Record for each CreateContainer to the file at recordPath
 // (created if missing, mode 0600). The runtime and network report Ready from the start, and
 // every image "pulls" at once with a size of 1 MiB. With opts.CDISpecDirs, each CreateContainer
-// resolves its CDI devices against the spec files there at that moment, as containerd does, and
-// fails when one does not resolve.
+// resolves its CDI devices against the spec files there at that moment, and fails when one does
+// not resolve. (containerd resolves them from a cache it refreshes when inotify reports a change
+// to the folder, so it can lag a spec written just before; this runtime never does.)
 func New(recordPath string, opts Options) (*Server, error) {
 	var cache *cdi.Cache
 	if len(opts.CDISpecDirs) > 0 {
@@ -145,7 +146,7 @@ func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
 }
 
 // resolveCDI applies r's CDI devices to r as the runtime would: the spec files are read again now
-// (containerd refreshes its registry at every CreateContainer), then each device's edits are
+// (a spec written at PreStartContainer is always seen), then each device's edits are
 // injected into an OCI spec holding r's environment, and the result replaces r.Env and adds to
 // r.Mounts and r.Devices. An unresolvable device is an error, which fails CreateContainer.
 func (s *Server) resolveCDI(r *Record) error {
