@@ -110,14 +110,15 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 		sl := shapes[tries%len(shapes)]
 		i := rng.IntN(nodes)
 		pb := sl.builder(fmt.Sprintf("placed-%06d", tries))
-		p, err := s.state.nodes[names[i]].summary.Fit(vgpu.PodDemand{Request: pb.PodRequest()}, opts)
+		pod := vgpu.PodDemand{Request: pb.PodRequest()}
+		p, err := s.state.nodes[names[i]].summary.Fit(pod, opts)
 		if err != nil {
 			continue
 		}
 		if err := s.state.upsertPod(boundPod(pb, p.Allocation)); err != nil {
 			b.Fatal(err)
 		}
-		s.workload.add(vgpu.PodDemand{Request: pb.PodRequest()}) // as podArrived does
+		s.workload.add(pod) // as podArrived does
 		placed++
 	}
 	// The online workload learnt from those pods, with the cluster's GPUs
@@ -141,7 +142,7 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 // expected-fill tables), two cases:
 //   - cold: every node's remembered verdicts are dropped before each pod,
 //     so every node is judged afresh (the first pod of a new shape);
-//   - burst: pods of the six benchSlices shapes in turn, each reserved on
+//   - burst: pods of the set's six shapes in turn, each reserved on
 //     its best node afterwards as Bind would, so each pod finds one changed
 //     node per earlier pod (a job's replicas arriving together); measured
 //     once each shape has arrived once.
@@ -152,12 +153,11 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 func BenchmarkFilterPrioritize(b *testing.B) {
 	const nodes, placed = 5000, 40000
 	for _, policy := range vgpu.Policies() {
-		for _, unit := range []string{"", "-percent"} {
-			shapes := benchSlices
-			if unit != "" {
-				shapes = benchPercentSlices
-			}
-			benchFilterPrioritize(b, string(policy)+unit, nodes, placed, policy, shapes)
+		for _, set := range []struct {
+			suffix string
+			shapes []benchSlice
+		}{{"", benchSlices}, {"-percent", benchPercentSlices}} {
+			benchFilterPrioritize(b, string(policy)+set.suffix, nodes, placed, policy, set.shapes)
 		}
 	}
 }

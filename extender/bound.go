@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // unjudged is the value of a node that evaluateBest left unfitted because
@@ -42,7 +44,7 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	raise := func(v verdict) {
 		for v.fits {
 			b := best.Load()
-			if int64(v.value) <= b || best.CompareAndSwap(b, int64(v.value)) {
+			if int64(v.score.Value) <= b || best.CompareAndSwap(b, int64(v.score.Value)) {
 				return
 			}
 		}
@@ -65,7 +67,7 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	}
 	fit := func(i int, n *nodeState, bound int) {
 		if int64(bound) < best.Load() {
-			verdicts[i] = verdict{fits: true, value: unjudged, node: n.index}
+			verdicts[i] = verdict{fits: true, score: vgpu.NodeScore{Value: unjudged}, node: n.index}
 			return
 		}
 		v := s.fitLocked(n, d)

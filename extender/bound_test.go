@@ -120,7 +120,7 @@ func fullScanPassed(s *Scheduler, names []string, d *demand) []string {
 	best := bestScore(verdicts)
 	passed := []string{}
 	for i, v := range verdicts {
-		if v.fits && v.score().Compare(*best) >= 0 {
+		if v.fits && v.score.Compare(*best) >= 0 {
 			passed = append(passed, names[i])
 		}
 	}

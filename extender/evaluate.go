@@ -126,13 +126,12 @@ func podDemandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
 
 // verdict is the outcome for one node.
 type verdict struct {
-	// fits is true when the pod fits; value, raw and tie are then its
-	// node score (vgpu.Score's: Filter passes the nodes that tie the best
-	// one, and Prioritize answers value scaled), and, for a bind,
-	// allocation is set.
+	// fits is true when the pod fits; score is then its node score
+	// (vgpu.Score: Filter passes the nodes that tie the best one, and
+	// Prioritize answers its Value scaled), and, for a bind, allocation is
+	// set.
 	fits       bool
-	value      int
-	raw, tie   float64
+	score      vgpu.NodeScore
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
 	// found without one (vgpu.FitOptions.ReasonOnly); container then names
@@ -145,11 +144,6 @@ type verdict struct {
 	// node is the index of the node judged (nodeState.index); -1 when it
 	// could not be judged (unknown to the cache, caches not synced).
 	node int
-}
-
-// score is v's node score, for a fitting v.
-func (v *verdict) score() vgpu.NodeScore {
-	return vgpu.NodeScore{Value: v.value, Raw: v.raw, Tie: v.tie}
 }
 
 func rejected(reason vgpu.Reason, unresolvable bool, format string, args ...any) verdict {
@@ -246,8 +240,7 @@ func (s *Scheduler) fitOptionsLocked(d *demand) vgpu.FitOptions {
 // gets its scaled score, and its allocation when it has containers.
 func toVerdict(p vgpu.Placement, err error) verdict {
 	if err == nil {
-		sc := vgpu.Score(p)
-		v := verdict{fits: true, value: sc.Value, raw: sc.Raw, tie: sc.Tie}
+		v := verdict{fits: true, score: vgpu.Score(p)}
 		if len(p.Allocation.Containers) > 0 {
 			a := p.Allocation
 			v.allocation = &a

@@ -197,7 +197,7 @@ const (
 // fitting node passes).
 func outcomeOf(v *verdict, best *vgpu.NodeScore) filterOutcome {
 	switch {
-	case v.fits && (best == nil || v.score().Compare(*best) >= 0):
+	case v.fits && (best == nil || v.score.Compare(*best) >= 0):
 		return outcomePassed
 	case v.fits:
 		return outcomeLeftOut
@@ -214,8 +214,8 @@ func bestScore(verdicts []verdict) *vgpu.NodeScore {
 	found := false
 	for i := range verdicts {
 		if v := &verdicts[i]; v.fits {
-			if sc := v.score(); !found || sc.Compare(best) > 0 {
-				best, found = sc, true
+			if !found || v.score.Compare(best) > 0 {
+				best, found = v.score, true
 			}
 		}
 	}
@@ -248,7 +248,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	}
 	s.evaluateAll(names, &d, func(i int, v verdict) {
 		if v.fits {
-			list[i].Score = scaleScore(v.value)
+			list[i].Score = scaleScore(v.score.Value)
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)

@@ -224,8 +224,8 @@ func (m *fragModel) setFill(hostFree *HostResources, freeCap float64) {
 
 // value is what each shape that can use GPU g, holding u with free share
 // free, counts of it: free when m counts no fills or g is untouched; else
-// valueOf with the weight of the shapes that can use g (usable: whether
-// shape si can).
+// valueAt with g's fill table and the weight of the shapes that can use g
+// (usable: whether shape si can).
 func (m *fragModel) value(g *GPU, u GPUUsage, free float64, usable func(si int) bool) float64 {
 	if !m.fill || free <= 0 || u == (GPUUsage{}) {
 		return free
@@ -236,19 +236,14 @@ func (m *fragModel) value(g *GPU, u GPUUsage, free float64, usable func(si int) 
 			p += m.w.rich.full[si]
 		}
 	}
-	return m.valueOf(g, free, p)
-}
-
-// valueOf is value for a partly used GPU g with free share free that
-// shapes of weight p (summed in shape order) can use.
-func (m *fragModel) valueOf(g *GPU, free, p float64) float64 {
 	return m.valueAt(m.w.fillFor(g), m.w.admittedFull(g), free, p)
 }
 
-// valueAt is valueOf for a GPU whose model has fill table table and whose
-// model filters admit shapes of weight q: the expected use of the free
-// share, spread over the shapes that can use the GPU and weighed by the
-// share of the workload that its model admits, λ of it, and 1 − λ of free.
+// valueAt is value for a partly used GPU with free share free, whose
+// model has fill table table and admits shapes of weight q, and that
+// shapes of weight p (summed in shape order) can use: the expected use of
+// the free share, spread over those shapes and weighed by the share of the
+// workload that its model admits, λ of it, and 1 − λ of free.
 func (m *fragModel) valueAt(table []float64, q, free, p float64) float64 {
 	if p <= 0 || table == nil {
 		return free

@@ -88,9 +88,11 @@ func (w *Workload) refresh() {
 			r.full[si] += c.Weight * w.scale[si] / r.total
 		}
 	}
-	r.admitted = make(map[string]float64, len(w.supply))
-	for m := range w.supply {
-		r.admitted[m] = admittedOf(w.shapes, r.full, &GPU{Model: m})
+	if len(w.supply) > 0 {
+		r.admitted = make(map[string]float64, len(w.supply))
+		for m := range w.supply {
+			r.admitted[m] = admittedOf(w.shapes, r.full, &GPU{Model: m})
+		}
 	}
 	w.rich = r
 	w.refreshFill()

@@ -364,22 +364,20 @@ func (s *NodeSummary) cellDelta(cell *gpuCell, use GPUUsage, weight *shapeWeight
 	free0 := 1 - cell.share // fragSummary.free
 	free1 := 1 - shareOf(after, cell.schedulableMiB, cell.coresCap, split)
 	f := s.frag
-	// The mask says the shape could use the GPU before, so its model
-	// passes and only the capacity after is left to check.
-	joins := func(si int) bool {
-		t := &s.w.shapes[si]
-		return cell.mask&(1<<si) != 0 && free1 > 0 && (t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split))
-	}
-	var joined uint64 // the shapes of the mask that can use the GPU after
-	for mask := cell.mask; mask != 0; mask &= mask - 1 {
-		if si := bits.TrailingZeros64(mask); joins(si) {
+	// joined is the shapes that can use the GPU after. The mask says a
+	// shape could before, so its model passes and only the capacity after
+	// is left to check.
+	var joined uint64
+	for mask := cell.mask; mask != 0 && free1 > 0; mask &= mask - 1 {
+		si := bits.TrailingZeros64(mask)
+		if t := &s.w.shapes[si]; t.GPUs == 0 || shapeFits(t, cell.schedulableMiB, cell.coresCap, after, split) {
 			joined |= 1 << si
 		}
 	}
 	value0, value1 := free0, free1
 	if f.fill {
-		// fragModel.value, with the shapes that can use the GPU summed
-		// from the masks.
+		// fragModel.value, with the cell's fill table and the weights of
+		// the shapes that can use the GPU summed from the masks.
 		m := fragModel{w: s.w, fill: f.fill, lambda: f.lambda}
 		if free0 > 0 && cell.usage() != (GPUUsage{}) {
 			value0 = m.valueAt(cell.fill, cell.admitted, free0, s.w.fullOf(cell.mask))
