@@ -102,7 +102,8 @@ type allocator struct {
 }
 
 // allocate answers Allocate. Mode cdi: one CDI device per container, named
-// after its device IDs (the spec is written at PreStartContainer), and
+// after its device IDs and a token of its own, and checkpointed (the spec
+// is written at PreStartContainer under that name: see claimStore.hold), and
 // under the driver mechanism the NVIDIA toolkit's CDI devices of its GPUs,
 // so that the runtime merges both specs and runs the toolkit's memory-limit
 // hook. Mode
@@ -134,6 +135,9 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 		} else {
 			if err := a.requireAllocation(ctx, ids, gpus); err != nil {
 				return nil, err
+			}
+			if device, err = a.claims.hold(ids, a.clock.Now()); err != nil {
+				return nil, status.Errorf(codes.Internal, "record the CDI device of devices %v: %v", ids, err)
 			}
 			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(device)}}}
 			for _, name := range a.nvidiaDevicesFor(gpus) {

@@ -25,17 +25,15 @@ func TestAllocate(t *testing.T) {
 	f.addPod(gpuPod("on-both", t0, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0).Slice(gpuB, 1024, 0)), "main"))
 	// Created with spec.nodeName set: no scheduler, no allocation.
 	f.addPod(gpuPod("bypass", t0, nil, "main"))
-	name := func(ids ...string) string { return handoff.CDIQualifiedName(handoff.DeviceName(ids)) }
 	tests := []struct {
 		name     string
 		ids      [][]string
-		want     []string // CDI device per container
 		wantCode codes.Code
 		wantMsg  string
 	}{
-		{name: "one slice", ids: [][]string{{DeviceID(gpuA, 3)}}, want: []string{name(DeviceID(gpuA, 3))}},
-		{name: "name ignores order", ids: [][]string{{DeviceID(gpuB, 0), DeviceID(gpuA, 0)}}, want: []string{name(DeviceID(gpuA, 0), DeviceID(gpuB, 0))}},
-		{name: "one answer per container", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID(gpuB, 5)}}, want: []string{name(DeviceID(gpuA, 0)), name(DeviceID(gpuB, 5))}},
+		{name: "one slice", ids: [][]string{{DeviceID(gpuA, 3)}}},
+		{name: "key ignores order", ids: [][]string{{DeviceID(gpuB, 0), DeviceID(gpuA, 0)}}},
+		{name: "one answer per container", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID(gpuB, 5)}}},
 		{name: "no IDs", ids: [][]string{{}}, wantCode: codes.InvalidArgument, wantMsg: "no device IDs"},
 		{name: "foreign ID", ids: [][]string{{"nvidia0"}}, wantCode: codes.InvalidArgument, wantMsg: `device ID "nvidia0" was not made by this plugin`},
 		{name: "unknown GPU", ids: [][]string{{DeviceID(gpuA, 0)}, {DeviceID("GPU-gone", 0)}}, wantCode: codes.InvalidArgument, wantMsg: "names GPU GPU-gone, which this node does not advertise"},
@@ -60,16 +58,23 @@ func TestAllocate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got []string
-			for _, c := range resp.GetContainerResponses() {
+			// One CDI device per container: a name of its holding, which
+			// the plugin recorded for PreStartContainer.
+			var got, want []string
+			for i, c := range resp.GetContainerResponses() {
 				for _, d := range c.GetCdiDevices() {
 					got = append(got, d.GetName())
 				}
 				if len(c.GetEnvs()) != 0 {
 					t.Errorf("mode cdi answered env %v; the CDI spec carries it", c.GetEnvs())
 				}
+				name := f.alloc.cdiDeviceOf(tt.ids[i])
+				if !handoff.IsHolderName(name, handoff.DeviceName(tt.ids[i])) {
+					t.Errorf("recorded CDI device %q is not a holder name of devices %v", name, tt.ids[i])
+				}
+				want = append(want, handoff.CDIQualifiedName(name))
 			}
-			if diff := cmp.Diff(tt.want, got); diff != "" {
+			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("CDI devices per container (-want +got):\n%s", diff)
 			}
 		})

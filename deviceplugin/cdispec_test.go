@@ -1,13 +1,16 @@
 package deviceplugin
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
@@ -124,7 +127,8 @@ func TestCDISpecContent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			qualified := handoff.CDIQualifiedName(handoff.DeviceName(tt.ids))
+			name := f.alloc.cdiDeviceOf(tt.ids)
+			qualified := handoff.CDIQualifiedName(name)
 			if got := cresp.GetCdiDevices(); len(got) != 1 || got[0].GetName() != qualified || len(cresp.GetEnvs()) != 0 {
 				t.Fatalf("Allocate = %v, want only CDI device %s", cresp, qualified)
 			}
@@ -134,7 +138,7 @@ func TestCDISpecContent(t *testing.T) {
 			}
 
 			want := &cdispecs.Spec{Version: tt.wantVersion, Kind: handoff.CDIKind, Devices: []cdispecs.Device{{
-				Name:           handoff.DeviceName(tt.ids),
+				Name:           name,
 				ContainerEdits: cdispecs.ContainerEdits{Env: tt.wantEnv},
 			}}}
 			for _, n := range tt.wantNodes {
@@ -171,13 +175,20 @@ func TestCDISpecContent(t *testing.T) {
 	}
 }
 
-// TestSpecRewrittenWhenDevicesMove: device IDs pass from pod to pod, and
-// so does their CDI device name; the spec must always describe the
-// current holder, and be replaced atomically.
-func TestSpecRewrittenWhenDevicesMove(t *testing.T) {
+// TestHolderNamesWhenDevicesMove: device IDs pass from pod to pod, and
+// each holder gets a CDI device name of its own at Allocate. A runtime
+// that resolves names from a cache refreshed on notification (containerd)
+// and has not yet seen the new holder's spec must find nothing under the
+// new name, never the previous holder's edits; once refreshed it finds the
+// new holder's. A restart of the container keeps its name. Collection
+// removes the previous holder's spec.
+func TestHolderNamesWhenDevicesMove(t *testing.T) {
 	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
 	ids := []string{DeviceID(gpuA, 2)}
-	qualified := handoff.CDIQualifiedName(handoff.DeviceName(ids))
+	runtime, err := cdi.NewCache(cdi.WithSpecDirs(f.cfg.CDISpecDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
 	steps := []struct {
 		pod      string
 		memory   int64
@@ -188,6 +199,7 @@ func TestSpecRewrittenWhenDevicesMove(t *testing.T) {
 		{pod: "a", memory: 1024, wantPod: "default/a", wantUID: "uid-a", wantHeld: "1024m"},
 		{pod: "b", memory: 2048, wantPod: "default/b", wantUID: "uid-b", wantHeld: "2048m"},
 	}
+	var names []string
 	prev := ""
 	for _, s := range steps {
 		if prev != "" {
@@ -196,18 +208,95 @@ func TestSpecRewrittenWhenDevicesMove(t *testing.T) {
 		}
 		prev = s.pod
 		f.addPod(gpuPod(s.pod, time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, s.memory, 10)), "main"))
-		f.podRes.hold("default", s.pod, "main", ids...)
-		if err := f.preStart(ids...); err != nil {
-			t.Fatalf("pod %s: %v", s.pod, err)
+		cresp, err := f.allocate(ids...)
+		if err != nil {
+			t.Fatalf("pod %s: Allocate: %v", s.pod, err)
 		}
-		env := f.inject(qualified).Process.Env
-		got := []string{envValue(env, handoff.EnvPod), envValue(env, handoff.EnvPodUID), envValue(env, handoff.EnvMemoryLimitPrefix+"0")}
-		if diff := cmp.Diff([]string{s.wantPod, s.wantUID, s.wantHeld}, got); diff != "" {
-			t.Errorf("after pod %s started: pod, UID, memory limit (-want +got):\n%s", s.pod, diff)
+		qualified := cresp.GetCdiDevices()[0].GetName()
+		name := strings.TrimPrefix(qualified, handoff.CDIKind+"=")
+		if !handoff.IsHolderName(name, handoff.DeviceName(ids)) || slices.Contains(names, name) {
+			t.Fatalf("pod %s: Allocate gave CDI device %q; want a holder name of %s not given before (%v)", s.pod, name, handoff.DeviceName(ids), names)
+		}
+		names = append(names, name)
+		f.podRes.hold("default", s.pod, "main", ids...)
+		for start := range 2 { // the first start and a restart
+			if err := f.preStart(ids...); err != nil {
+				t.Fatalf("pod %s: start %d: %v", s.pod, start, err)
+			}
+			if start == 0 {
+				if _, err := injectInto(runtime.InjectDevices, qualified); err == nil || !strings.Contains(err.Error(), "unresolvable CDI devices") {
+					t.Errorf("pod %s: a runtime cache not refreshed since the spec was written resolved %s: %v; want unresolvable", s.pod, qualified, err)
+				}
+			}
+			if err := runtime.Refresh(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := injectInto(runtime.InjectDevices, qualified)
+			if err != nil {
+				t.Fatalf("pod %s: start %d: %v", s.pod, start, err)
+			}
+			env := []string{envValue(got.Process.Env, handoff.EnvPod), envValue(got.Process.Env, handoff.EnvPodUID), envValue(got.Process.Env, handoff.EnvMemoryLimitPrefix+"0")}
+			if diff := cmp.Diff([]string{s.wantPod, s.wantUID, s.wantHeld}, env); diff != "" {
+				t.Errorf("pod %s: start %d: pod, UID, memory limit (-want +got):\n%s", s.pod, start, diff)
+			}
 		}
 	}
-	if diff := cmp.Diff([]string{handoff.SpecFileName(handoff.DeviceName(ids))}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
-		t.Errorf("spec folder: one spec, no temporary files (-want +got):\n%s", diff)
+	wantFiles := []string{handoff.SpecFileName(names[0]), handoff.SpecFileName(names[1])}
+	slices.Sort(wantFiles)
+	if diff := cmp.Diff(wantFiles, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+		t.Errorf("spec folder: one spec per holder, no temporary files (-want +got):\n%s", diff)
+	}
+	f.alloc.t.ClaimTTL = 0
+	f.alloc.gc(context.Background())
+	if diff := cmp.Diff([]string{handoff.SpecFileName(names[1])}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+		t.Errorf("spec folder after collection: the holder's spec only (-want +got):\n%s", diff)
+	}
+}
+
+// TestHoldingSurvivesRestart: the name Allocate gave is checkpointed, so
+// a plugin restarted before the container's start writes the spec under
+// it; devices that no Allocate of this release named (a container
+// allocated before holder names) keep the IDs' own name. A checkpoint
+// whose holding does not match its IDs is refused with the field named.
+func TestHoldingSurvivesRestart(t *testing.T) {
+	f := newHandoff(t, nil)
+	ids, legacy := []string{DeviceID(gpuA, 1)}, []string{DeviceID(gpuB, 3)}
+	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	f.addPod(gpuPod("old", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	cresp, err := f.allocate(ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName)
+	if f.alloc.claims, err = loadClaimStore(path); err != nil {
+		t.Fatal(err)
+	}
+	f.podRes.hold("default", "p", "main", ids...)
+	f.podRes.hold("default", "old", "main", legacy...)
+	for _, d := range [][]string{ids, legacy} {
+		if err := f.preStart(d...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{
+		handoff.SpecFileName(strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")),
+		handoff.SpecFileName(handoff.DeviceName(legacy)),
+	}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+		t.Errorf("spec folder after a restart between Allocate and the starts (-want +got):\n%s", diff)
+	}
+
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(data), handoff.DeviceName(ids)+"-", handoff.DeviceName(legacy)+"-", 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil { //nolint:gosec // G703: the test's own temporary folder.
+		t.Fatal(err)
+	}
+	if s, err := loadClaimStore(path); err == nil || !strings.Contains(err.Error(), "holdings[0]") || len(s.holdings) != 0 {
+		t.Errorf("loadClaimStore of a holding that does not match its IDs = %d holdings, %v; want none and an error naming holdings[0]", len(s.holdings), err)
 	}
 }
 

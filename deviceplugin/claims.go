@@ -2,6 +2,8 @@ package deviceplugin
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +19,7 @@ import (
 	"github.com/gpuslice/gpuslice/node/handoff"
 )
 
-// checkpointFileName is the env-mode checkpoint in the state folder.
+// checkpointFileName is the plugin's checkpoint in the state folder.
 const (
 	checkpointFileName = "claims.json"
 	checkpointVersion  = 1
@@ -27,7 +29,9 @@ const (
 // for. GetPreferredAllocation makes offers (in memory, both modes): the
 // container it steered the kubelet for. Env-mode Allocate makes bindings
 // (checkpointed): the container whose environment it answered with, which
-// PreStartContainer verifies on every start.
+// PreStartContainer verifies on every start. Mode-cdi Allocate makes
+// holdings (checkpointed too): the CDI device name of the container it
+// answered.
 type claim struct {
 	// Device is the CDI device name of DeviceIDs (handoff.DeviceName), the key.
 	Device    string       `json:"device"`
@@ -37,25 +41,39 @@ type claim struct {
 	At        time.Time    `json:"at"`
 }
 
-// checkpoint is the checkpoint file's content.
-type checkpoint struct {
-	Version  int     `json:"version"`
-	Bindings []claim `json:"bindings"`
+// holding is the CDI device name mode-cdi Allocate gave the container it
+// answered for a set of device IDs (handoff.HolderName), which every
+// PreStartContainer of that container writes the spec of.
+type holding struct {
+	// Device is the key of DeviceIDs (handoff.DeviceName), the map key.
+	Device    string    `json:"device"`
+	DeviceIDs []string  `json:"deviceIDs"`
+	Name      string    `json:"cdiDevice"`
+	At        time.Time `json:"at"`
 }
 
-// claimStore holds offers and bindings; safe for concurrent use.
+// checkpoint is the checkpoint file's content. Holdings were added after
+// version 1 without a new version: a release that knows none ignores them.
+type checkpoint struct {
+	Version  int       `json:"version"`
+	Bindings []claim   `json:"bindings"`
+	Holdings []holding `json:"holdings,omitempty"`
+}
+
+// claimStore holds offers, bindings and holdings; safe for concurrent use.
 type claimStore struct {
-	path string // checkpoint file; "" keeps bindings in memory only
+	path string // checkpoint file; "" keeps bindings and holdings in memory only
 
 	mu       sync.Mutex
-	offers   map[string]claim // by Device
-	bindings map[string]claim // by Device
+	offers   map[string]claim   // by Device
+	bindings map[string]claim   // by Device
+	holdings map[string]holding // by Device
 }
 
-// newClaimStore returns an empty store that checkpoints bindings to path
-// ("" for none).
+// newClaimStore returns an empty store that checkpoints bindings and
+// holdings to path ("" for none).
 func newClaimStore(path string) *claimStore {
-	return &claimStore{path: path, offers: map[string]claim{}, bindings: map[string]claim{}}
+	return &claimStore{path: path, offers: map[string]claim{}, bindings: map[string]claim{}, holdings: map[string]holding{}}
 }
 
 // loadClaimStore reads the checkpoint at path. A missing file gives an
@@ -83,6 +101,12 @@ func loadClaimStore(path string) (*claimStore, error) {
 			return newClaimStore(path), fmt.Errorf("checkpoint %s: bindings[%d].device=%q does not match its deviceIDs %v", path, i, c.Device, c.DeviceIDs)
 		}
 		s.bindings[c.Device] = c
+	}
+	for i, h := range cp.Holdings {
+		if h.Device == "" || h.Device != handoff.DeviceName(h.DeviceIDs) || !handoff.IsHolderName(h.Name, h.Device) {
+			return newClaimStore(path), fmt.Errorf("checkpoint %s: holdings[%d] (device %q, cdiDevice %q) does not match its deviceIDs %v", path, i, h.Device, h.Name, h.DeviceIDs)
+		}
+		s.holdings[h.Device] = h
 	}
 	return s, nil
 }
@@ -127,6 +151,47 @@ func (s *claimStore) bind(c claim) error {
 	return s.saveLocked()
 }
 
+// hold gives the holder of ids, which Allocate is answering at, a CDI
+// device name of its own (handoff.HolderName with a random token), records
+// it in place of the previous holder's and writes the checkpoint. On a
+// write error nothing changes and the error is returned.
+func (s *claimStore) hold(ids []string, at time.Time) (string, error) {
+	key := handoff.DeviceName(ids)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, had := s.holdings[key]
+	name := handoff.HolderName(key, newToken())
+	for had && name == prev.Name {
+		name = handoff.HolderName(key, newToken())
+	}
+	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at}
+	if err := s.saveLocked(); err != nil {
+		if had {
+			s.holdings[key] = prev
+		} else {
+			delete(s.holdings, key)
+		}
+		return "", err
+	}
+	return name, nil
+}
+
+// held returns the CDI device name of the holder of the IDs whose key is
+// device, if Allocate gave one.
+func (s *claimStore) held(device string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.holdings[device]
+	return h.Name, ok
+}
+
+// newToken returns 12 random hex digits.
+func newToken() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
 // binding returns the binding of device, if any.
 func (s *claimStore) binding(device string) (claim, bool) {
 	s.mu.Lock()
@@ -147,16 +212,18 @@ func (s *claimStore) isBound(ref containerRef, uid types.UID) bool {
 	return false
 }
 
-// gc drops offers made before cutoff and bindings made before cutoff whose
-// devices no container holds now (live), and rewrites the checkpoint when
-// a binding went. It returns how many bindings it dropped.
+// gc drops offers made before cutoff, and bindings and holdings made
+// before cutoff whose devices no container holds now (live), and rewrites
+// the checkpoint when a binding or holding went. It returns how many
+// bindings and holdings it dropped.
 func (s *claimStore) gc(live map[string]bool, cutoff time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	maps.DeleteFunc(s.offers, func(_ string, c claim) bool { return c.At.Before(cutoff) })
-	before := len(s.bindings)
+	before := len(s.bindings) + len(s.holdings)
 	maps.DeleteFunc(s.bindings, func(d string, c claim) bool { return !live[d] && c.At.Before(cutoff) })
-	dropped := before - len(s.bindings)
+	maps.DeleteFunc(s.holdings, func(d string, h holding) bool { return !live[d] && h.At.Before(cutoff) })
+	dropped := before - len(s.bindings) - len(s.holdings)
 	if dropped == 0 {
 		return 0, nil
 	}
@@ -168,8 +235,9 @@ func (s *claimStore) saveLocked() error {
 	if s.path == "" {
 		return nil
 	}
-	cp := checkpoint{Version: checkpointVersion, Bindings: slices.Collect(maps.Values(s.bindings))}
+	cp := checkpoint{Version: checkpointVersion, Bindings: slices.Collect(maps.Values(s.bindings)), Holdings: slices.Collect(maps.Values(s.holdings))}
 	slices.SortFunc(cp.Bindings, func(a, b claim) int { return cmp.Compare(a.Device, b.Device) })
+	slices.SortFunc(cp.Holdings, func(a, b holding) int { return cmp.Compare(a.Device, b.Device) })
 	data, err := json.MarshalIndent(cp, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)

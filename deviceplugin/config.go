@@ -138,10 +138,11 @@ type Config struct {
 	// SharedCacheDir is the folder, inside the container, of the file set
 	// in CUDA_DEVICE_MEMORY_SHARED_CACHE (<dir>/<pod UID>-<container>.cache).
 	SharedCacheDir string `json:"sharedCacheDir"`
-	// StateDir holds the plugin's own files: the env-mode checkpoint and
-	// the ld.so.preload file mounted into containers. It must be the same
-	// path on the host as in the plugin's container (it is mounted into
-	// pods). Empty means <devicePluginDir>/gpuslice-state.
+	// StateDir holds the plugin's own files: the checkpoint (env-mode
+	// bindings, cdi-mode CDI device names) and the ld.so.preload file
+	// mounted into containers. It must be the same path on the host as in
+	// the plugin's container (it is mounted into pods), and outlive the
+	// plugin's container. Empty means <devicePluginDir>/gpuslice-state.
 	StateDir string `json:"stateDir,omitempty"`
 	// HealthAddress is the host:port of the probe endpoints: /readyz (200
 	// only while the kubelet has accepted the plugin's registration) and

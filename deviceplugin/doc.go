@@ -16,10 +16,11 @@
 // allocation (vgpu.AnnotationPodAllocation) at bind; the plugin watches the
 // node's pods with an informer. GetPreferredAllocation steers the kubelet to
 // devices on the GPUs the scheduler chose. In mode cdi (the default)
-// Allocate answers a CDI device named after the device IDs, and
-// PreStartContainer, called before every container start, asks the
+// Allocate answers a CDI device named after the device IDs and a token
+// of its own (checkpointed: a name never passes to the IDs' next holder),
+// and PreStartContainer, called before every container start, asks the
 // kubelet's PodResources API which container holds exactly those IDs and
-// writes that container's CDI spec: HAMi-core's environment
+// writes that container's CDI spec under that name: HAMi-core's environment
 // (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT, …), device nodes and,
 // when configured, libvgpu.so with an ld.so.preload. In mode env, for
 // runtimes without CDI, Allocate answers the environment itself for the

@@ -191,7 +191,7 @@ func TestEnforcementBackends(t *testing.T) {
 				for _, d := range cresp.GetCdiDevices() {
 					devices = append(devices, d.GetName())
 				}
-				own := handoff.CDIQualifiedName(handoff.DeviceName(ids))
+				own := handoff.CDIQualifiedName(f.alloc.cdiDeviceOf(ids))
 				wantDevices := tt.wantDevices
 				if mode == ModeCDI {
 					wantDevices = append([]string{own}, wantDevices...)

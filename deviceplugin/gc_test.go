@@ -79,9 +79,14 @@ func TestClaimGC(t *testing.T) {
 		}
 	}
 	s.offer(mk(DeviceID(gpuB, 0), now.Add(-time.Hour)))
+	for _, c := range []claim{held, mk(DeviceID(gpuB, 1), now.Add(-time.Hour))} {
+		if _, err := s.hold(c.DeviceIDs, c.At); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dropped, err := s.gc(map[string]bool{held.Device: true}, now.Add(-time.Minute))
-	if err != nil || dropped != 1 {
-		t.Fatalf("gc = %d, %v; want 1 binding dropped", dropped, err)
+	if err != nil || dropped != 2 {
+		t.Fatalf("gc = %d, %v; want 1 binding and 1 holding dropped", dropped, err)
 	}
 	restored, err := loadClaimStore(path)
 	if err != nil {
@@ -96,6 +101,9 @@ func TestClaimGC(t *testing.T) {
 	slices.Sort(want)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("checkpointed bindings after GC (-want +got):\n%s", diff)
+	}
+	if _, ok := restored.held(held.Device); !ok || len(restored.holdings) != 1 {
+		t.Errorf("checkpointed holdings after GC: %v; want only that of %s", restored.holdings, held.Device)
 	}
 	if len(s.offers) != 0 {
 		t.Errorf("%d old offers kept", len(s.offers))

@@ -37,12 +37,9 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 			return nil, nil, err
 		}
 	}
-	claims := newClaimStore("")
-	if p.cfg.Mode == ModeEnv {
-		var err error
-		if claims, err = loadClaimStore(filepath.Join(state, checkpointFileName)); err != nil {
-			logger.Error(err, "Starting without the env-mode checkpoint: containers allocated before cannot be verified and will not restart")
-		}
+	claims, err := loadClaimStore(filepath.Join(state, checkpointFileName))
+	if err != nil {
+		logger.Error(err, "Starting without the checkpoint: containers allocated before will not restart (mode env: they cannot be verified; mode cdi: their CDI devices cannot be found)")
 	}
 	podResources := newPodResourcesClient(p.cfg.PodResourcesSocket)
 	a := &allocator{
@@ -93,9 +90,11 @@ func (a *allocator) runGC(ctx context.Context) {
 	}
 }
 
-// gc removes the CDI specs and env-mode bindings of devices that no
-// container holds any more, once they are older than ClaimTTL (a spec
-// written at PreStartContainer must outlive the container's creation), and
+// gc removes the CDI specs no container holds (by their holder's name: a
+// previous holder's spec goes too), and the bindings and holdings of
+// devices that no container holds any more, once they are older than
+// ClaimTTL (a spec written at PreStartContainer must outlive the
+// container's creation), and
 // drops old offers. Without a PodResources answer it removes nothing. It
 // also restores the ld.so.preload file if someone removed it.
 func (a *allocator) gc(ctx context.Context) {
@@ -104,12 +103,13 @@ func (a *allocator) gc(ctx context.Context) {
 		a.logger.V(2).Info("Stale-spec collection skipped: PodResources did not answer", "err", err.Error())
 		return
 	}
-	live := map[string]bool{}
+	live, names := map[string]bool{}, map[string]bool{}
 	for _, ids := range containerDevices(pods, a.cfg.ResourceName) {
 		live[handoff.DeviceName(ids)] = true
+		names[a.cdiDeviceOf(ids)] = true
 	}
 	cutoff := a.clock.Now().Add(-a.t.ClaimTTL)
-	removed, err := handoff.RemoveStaleSpecs(a.cfg.CDISpecDir, live, cutoff)
+	removed, err := handoff.RemoveStaleSpecs(a.cfg.CDISpecDir, names, cutoff)
 	if err != nil {
 		a.logger.Error(err, "Removing stale CDI specs")
 	}
@@ -117,7 +117,7 @@ func (a *allocator) gc(ctx context.Context) {
 		a.logger.V(2).Info("Removed stale CDI specs", "devices", removed)
 	}
 	if dropped, err := a.claims.gc(live, cutoff); err != nil {
-		a.logger.Error(err, "Writing the env-mode checkpoint")
+		a.logger.Error(err, "Writing the checkpoint")
 	} else if dropped > 0 {
 		a.logger.V(2).Info("Dropped stale env-mode bindings", "count", dropped)
 	}

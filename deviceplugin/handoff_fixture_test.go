@@ -183,10 +183,7 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 	if !cache.WaitForCacheSync(ctx.Done(), f.view.informer.HasSynced) {
 		t.Fatal("pod informer did not sync")
 	}
-	claims := newClaimStore("")
-	if cfg.Mode == ModeEnv {
-		claims = newClaimStore(filepath.Join(cfg.EffectiveStateDir(), checkpointFileName))
-	}
+	claims := newClaimStore(filepath.Join(cfg.EffectiveStateDir(), checkpointFileName))
 	f.alloc = &allocator{
 		cfg: cfg, inv: inv, pods: f.view, live: cache.ToListerWithContext(clientset.New(f.client).NodePods(cfg.NodeName)),
 		livePod: clientset.New(f.client).Pod,
@@ -325,10 +322,10 @@ func (f *handoffFixture) event() string {
 	}
 }
 
-// readSpec reads the spec file of the CDI device for ids.
+// readSpec reads the spec file of the CDI device of ids' holder.
 func (f *handoffFixture) readSpec(ids ...string) *cdispecs.Spec {
 	f.t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(handoff.DeviceName(ids))))
+	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(f.alloc.cdiDeviceOf(ids))))
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -78,8 +78,9 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 }
 
 // writeSpec writes the CDI spec that gives ref, the holder of ids (on
-// gpus, as checkIDs returns them), its slice. The device name depends on the IDs only and IDs pass from pod to
-// pod, so the spec is rewritten on every start.
+// gpus, as checkIDs returns them), its slice, under the CDI device name
+// Allocate gave it (cdiDeviceOf). It is written again on every start: the
+// pod of that name may be another one than at the last start.
 func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
 	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
 	if err != nil {
@@ -89,7 +90,7 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
 	}
-	name := handoff.DeviceName(ids)
+	name := a.cdiDeviceOf(ids)
 	spec, err := handoff.BuildSpec(name, edits)
 	if err == nil {
 		err = handoff.WriteSpec(a.cfg.CDISpecDir, spec)
@@ -100,6 +101,20 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "enforcement", a.enforcement, "guarded", edits.Guarded)
 	a.reportEnforcement(ref, pod, ca)
 	return nil
+}
+
+// cdiDeviceOf returns the CDI device name Allocate gave the holder of ids.
+// Without one recorded, it is the IDs' key (handoff.DeviceName): the name a
+// release before holder names gave, which a container allocated by one
+// still has. A holder whose record was lost (the checkpoint removed) gets
+// a spec its runtime never asks for, so its start fails as an unresolvable
+// CDI device: it never starts with another holder's edits.
+func (a *allocator) cdiDeviceOf(ids []string) string {
+	key := handoff.DeviceName(ids)
+	if name, ok := a.claims.held(key); ok {
+		return name
+	}
+	return key
 }
 
 // matchingAllocation returns ref's pod and container allocation once the

@@ -18,8 +18,8 @@ import (
 )
 
 // The CDI names of the plugin. Every container gets one device of kind
-// CDIKind named after its device IDs (DeviceName); its spec lives alone
-// in CDISpecDir/gpuslice.io-vgpu_<name>.json.
+// CDIKind named after its device IDs and its holding of them (HolderName);
+// its spec lives alone in CDISpecDir/gpuslice.io-vgpu_<name>.json.
 const (
 	cdiVendor = "gpuslice.io"
 	cdiClass  = "vgpu"
@@ -32,16 +32,37 @@ const (
 	cdiSpecExt = ".json"
 )
 
-// DeviceName returns the CDI device name for a container's device IDs:
-// "v" and 20 hex digits of the SHA-256 of the sorted IDs joined by ",". It
-// depends on the set only, never on order, so the kubelet's cached Allocate
-// answer and every later PreStartContainer agree on it.
+// DeviceName returns the key of a container's device IDs: "v" and 20 hex
+// digits of the SHA-256 of the sorted IDs joined by ",". It depends on the
+// set only, never on order. It begins every CDI device name of a holder of
+// the IDs (HolderName); releases before those named the device after the
+// key alone.
 func DeviceName(ids []string) string {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	sum := sha256.Sum256([]byte(strings.Join(sorted, ",")))
 	return "v" + hex.EncodeToString(sum[:])[:NameHexLen]
+}
+
+// HolderName returns the CDI device name of one holding of the device IDs
+// whose DeviceName is key: key, "-" and token, which Allocate chooses anew
+// for each container it answers. IDs pass from container to container, and
+// a runtime may resolve names from a cache of the spec folder that it
+// refreshes when notified of a change (containerd's CRI plugin does), not
+// when a container is created: a name kept from holder to holder could
+// then resolve to the previous holder's edits, while a name of its own
+// resolves to the holder's edits or to nothing (the start fails and is
+// retried). token must be letters and digits.
+func HolderName(key, token string) string {
+	return key + "-" + token
+}
+
+// IsHolderName reports whether name is HolderName(key, token) for some
+// token.
+func IsHolderName(name, key string) bool {
+	token, ok := strings.CutPrefix(name, key+"-")
+	return ok && token != "" && parser.ValidateDeviceName(name) == nil && !strings.ContainsAny(token, "-_.:")
 }
 
 // CDIQualifiedName returns the fully qualified CDI device name
