@@ -136,9 +136,7 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 			if err := a.requireAllocation(ctx, ids, gpus); err != nil {
 				return nil, err
 			}
-			if device, err = a.claims.hold(ids, a.clock.Now()); err != nil {
-				return nil, status.Errorf(codes.Internal, "record the CDI device of devices %v: %v", ids, err)
-			}
+			device = a.claims.hold(ids, a.clock.Now())
 			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(device)}}}
 			for _, name := range a.nvidiaDevicesFor(gpus) {
 				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: name})

@@ -267,7 +267,13 @@ func TestHoldingSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The checkpoint is written in the background, soon after Allocate.
 	path := filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName)
+	name := strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")
+	f.waitView("the checkpoint to hold "+name, func() bool {
+		data, err := os.ReadFile(path)
+		return err == nil && strings.Contains(string(data), name)
+	})
 	if f.alloc.claims, err = loadClaimStore(path); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +285,7 @@ func TestHoldingSurvivesRestart(t *testing.T) {
 		}
 	}
 	want := []string{
-		handoff.SpecFileName(strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")),
+		handoff.SpecFileName(name),
 		handoff.SpecFileName(handoff.DeviceName(legacy)),
 	}
 	slices.Sort(want)

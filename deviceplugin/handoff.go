@@ -41,6 +41,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 	if err != nil {
 		logger.Error(err, "Starting without the checkpoint: containers allocated before will not restart (mode env: they cannot be verified; mode cdi: their CDI devices cannot be found)")
 	}
+	claims.logger = logger.WithName("checkpoint")
 	podResources := newPodResourcesClient(p.cfg.PodResourcesSocket)
 	a := &allocator{
 		cfg:         p.cfg,
@@ -53,7 +54,11 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		logger:      logger.WithName("handoff"),
 		metrics:     p.metrics,
 	}
-	var stops []func()
+	stops := []func(){func() {
+		if err := claims.flush(); err != nil {
+			logger.Error(err, "Writing the checkpoint at stop")
+		}
+	}}
 	if p.opts.Client != nil {
 		view, err := newPodView(p.opts.Client.NodePods(p.cfg.NodeName), p.cfg.NodeName)
 		if err != nil {
