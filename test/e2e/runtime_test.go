@@ -207,23 +207,7 @@ func TestRealRuntimeSharing(t *testing.T) {
 
 	// A container restart: the kubelet replays the cached Allocate answer, the plugin's
 	// PreStartContainer writes the CDI spec again, containerd resolves it again.
-	victim := out.running[0]
-	killContainer(t, c, &victim, "main")
-	poll(t, time.Minute, victim.Name+" restarted and reported again", func(ctx context.Context) (bool, string) {
-		p, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		records, err := c.LatestRecords()
-		if err != nil {
-			return false, err.Error()
-		}
-		r := records[cluster.RecordKey(p.UID, "main")]
-		return p.Status.ContainerStatuses[0].RestartCount >= 1 && r.Attempt >= 1, fmt.Sprintf("restarts %d, latest report attempt %d", p.Status.ContainerStatuses[0].RestartCount, r.Attempt)
-	})
-	for _, b := range checkExact(t, c, []corev1.Pod{victim}) {
-		t.Errorf("after the container restart: %s", b)
-	}
+	restartAndCheck(t, c, out.running[0], "after the container restart")
 
 	// A restart of the plugin's own container: it registers again and serves a new pod.
 	pluginNode := c.Nodes[1]
@@ -239,6 +223,14 @@ func TestRealRuntimeSharing(t *testing.T) {
 		return got > registered, fmt.Sprintf("%d registrations, %d before the restart", got, registered)
 	})
 	waitDevices(t, c, pluginNode, time.Now())
+	// A container allocated before the plugin's restart starts again under the CDI device name
+	// its Allocate gave it, which the restarted plugin read back from its checkpoint.
+	for _, p := range out.running {
+		if p.Spec.NodeName == pluginNode.Name {
+			restartAndCheck(t, c, p, "after the plugin's restart, a container restart")
+			break
+		}
+	}
 	runFreshPod(t, c, pluginNode, "rt-after-plugin-restart", out)
 
 	// A restart of the extender's container beside kube-scheduler: it reads the bound pods'
@@ -286,6 +278,31 @@ func TestRealRuntimeSharing(t *testing.T) {
 
 // runFreshPod deletes one running pod of out on n (not the first, whose restarts the test counts)
 // and runs a new GPU pod named name there, which must get exactly its own slice.
+// restartAndCheck kills victim's main container, waits until the runtime has run it again and
+// it has reported, and checks that it got exactly its own slice again.
+func restartAndCheck(t *testing.T, c *cluster.Cluster, victim corev1.Pod, when string) {
+	t.Helper()
+	killContainer(t, c, &victim, "main")
+	poll(t, time.Minute, victim.Name+" restarted and reported again", func(ctx context.Context) (bool, string) {
+		p, err := c.Client().CoreV1().Pods(victim.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		records, err := c.LatestRecords()
+		if err != nil {
+			return false, err.Error()
+		}
+		r := records[cluster.RecordKey(p.UID, "main")]
+		restarts := p.Status.ContainerStatuses[0].RestartCount
+		return restarts > victim.Status.ContainerStatuses[0].RestartCount && int64(r.Attempt) >= int64(restarts), fmt.Sprintf("restarts %d, latest report attempt %d", restarts, r.Attempt)
+	})
+	bad := checkExact(t, c, []corev1.Pod{victim})
+	for _, b := range bad {
+		t.Errorf("%s: %s", when, b)
+	}
+	t.Logf("%s: %s on %s ran again, %d mismatches", when, victim.Name, victim.Spec.NodeName, len(bad))
+}
+
 func runFreshPod(t *testing.T, c *cluster.Cluster, n *cluster.Node, name string, out podOutcome) {
 	t.Helper()
 	for _, p := range out.running[1:] {
