@@ -243,8 +243,9 @@ func TestHandoffCDI(t *testing.T) {
 		}
 	}
 
-	// Pod a ends; pod c is admitted on the same GPU, gets a's device IDs
-	// (the lowest free slice) and so the same CDI device name.
+	// Pod a ends; pod c is admitted on the same GPU and gets a's device
+	// IDs (the lowest free slice), under a CDI device name of its own:
+	// the IDs' key, then another token.
 	h.m.MarkInactive(a.UID)
 	if err := h.client.CoreV1().Pods("default").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -254,8 +255,9 @@ func TestHandoffCDI(t *testing.T) {
 		t.Fatalf("kubelet Allocate for c: %v", err)
 	}
 	env := h.startContainer(c, "main")
-	if env["cdiDevice"] != cdiNames["a"] {
-		t.Errorf("c got CDI device %s, a had %s: want the same device IDs", env["cdiDevice"], cdiNames["a"])
+	key := func(qualified string) string { k, _, _ := strings.Cut(qualified, "-"); return k }
+	if env["cdiDevice"] == cdiNames["a"] || key(env["cdiDevice"]) != key(cdiNames["a"]) {
+		t.Errorf("c got CDI device %s, a had %s: want the same device IDs under another name", env["cdiDevice"], cdiNames["a"])
 	}
 	got := []string{env[handoff.EnvPod], env[handoff.EnvMemoryLimitPrefix+"0"], env[handoff.EnvSMLimit]}
 	if diff := cmp.Diff([]string{"default/c", "2048m", ""}, got); diff != "" {
