@@ -75,6 +75,9 @@ type claimStore struct {
 	offers   map[string]claim   // by Device
 	bindings map[string]claim   // by Device
 	holdings map[string]holding // by Device
+	// missing is when gc first found a bound or held Device that no
+	// container holds, since the last time one did.
+	missing map[string]time.Time
 	// dirty: a holding changed after the last write encoded the store;
 	// flushing: a background write (flushLoop) runs.
 	dirty, flushing bool
@@ -83,7 +86,7 @@ type claimStore struct {
 // newClaimStore returns an empty store that checkpoints bindings and
 // holdings to path ("" for none).
 func newClaimStore(path string) *claimStore {
-	return &claimStore{path: path, offers: map[string]claim{}, bindings: map[string]claim{}, holdings: map[string]holding{}}
+	return &claimStore{path: path, offers: map[string]claim{}, bindings: map[string]claim{}, holdings: map[string]holding{}, missing: map[string]time.Time{}}
 }
 
 // loadClaimStore reads the checkpoint at path. A missing file gives an
@@ -157,6 +160,7 @@ func (s *claimStore) bind(c claim) error {
 	s.mu.Lock()
 	s.bindings[c.Device] = c
 	delete(s.offers, c.Device)
+	delete(s.missing, c.Device)
 	s.mu.Unlock()
 	return s.save(true)
 }
@@ -179,6 +183,7 @@ func (s *claimStore) hold(ids []string, at time.Time) string {
 		name = handoff.HolderName(key, newToken())
 	}
 	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at}
+	delete(s.missing, key)
 	s.dirty = true
 	start := !s.flushing && s.path != ""
 	s.flushing = s.flushing || start
@@ -254,15 +259,37 @@ func (s *claimStore) isBound(ref containerRef, uid types.UID) bool {
 }
 
 // gc drops offers made before cutoff, and bindings and holdings made
-// before cutoff whose devices no container holds now (live), and rewrites
-// the checkpoint when a binding or holding went. It returns how many
-// bindings and holdings it dropped.
-func (s *claimStore) gc(live map[string]bool, cutoff time.Time) (int, error) {
+// before cutoff whose devices no container holds (live, now) in two
+// collections at least now-cutoff apart, and rewrites the checkpoint when
+// a binding or holding went. It returns how many bindings and holdings it
+// dropped. One collection is not enough: right after a restart the kubelet
+// answers PodResources before its pod sources have synced, listing none of
+// the running pods, and a container that restarts later needs its binding
+// or CDI device name.
+func (s *claimStore) gc(live map[string]bool, cutoff, now time.Time) (int, error) {
 	s.mu.Lock()
 	maps.DeleteFunc(s.offers, func(_ string, c claim) bool { return c.At.Before(cutoff) })
+	gone := func(device string, at time.Time) bool {
+		if live[device] {
+			return false
+		}
+		since, ok := s.missing[device]
+		if !ok {
+			s.missing[device] = now
+			return false
+		}
+		return at.Before(cutoff) && !since.After(cutoff)
+	}
+	for d := range s.missing {
+		_, bound := s.bindings[d]
+		_, held := s.holdings[d]
+		if live[d] || (!bound && !held) {
+			delete(s.missing, d)
+		}
+	}
 	before := len(s.bindings) + len(s.holdings)
-	maps.DeleteFunc(s.bindings, func(d string, c claim) bool { return !live[d] && c.At.Before(cutoff) })
-	maps.DeleteFunc(s.holdings, func(d string, h holding) bool { return !live[d] && h.At.Before(cutoff) })
+	maps.DeleteFunc(s.bindings, func(d string, c claim) bool { return gone(d, c.At) })
+	maps.DeleteFunc(s.holdings, func(d string, h holding) bool { return gone(d, h.At) })
 	dropped := before - len(s.bindings) - len(s.holdings)
 	s.mu.Unlock()
 	if dropped == 0 {

@@ -82,9 +82,25 @@ func TestClaimGC(t *testing.T) {
 	for _, c := range []claim{held, mk(DeviceID(gpuB, 1), now.Add(-time.Hour))} {
 		s.hold(c.DeviceIDs, c.At)
 	}
-	dropped, err := s.gc(map[string]bool{held.Device: true}, now.Add(-time.Minute))
+	// A first collection that finds the devices unheld (a kubelet that has
+	// just restarted lists no pods) drops nothing; one a minute later that
+	// still finds them unheld drops them, unless they were held again in
+	// between.
+	live := map[string]bool{held.Device: true}
+	again := mk(DeviceID(gpuB, 2), now.Add(-time.Hour))
+	s.hold(again.DeviceIDs, again.At)
+	if dropped, err := s.gc(live, now.Add(-time.Minute), now); err != nil || dropped != 0 {
+		t.Fatalf("first gc = %d, %v; want nothing dropped", dropped, err)
+	}
+	live[again.Device] = true
+	if dropped, err := s.gc(live, now.Add(-time.Minute+time.Second), now.Add(time.Second)); err != nil || dropped != 0 {
+		t.Fatalf("gc once held again = %d, %v; want nothing dropped", dropped, err)
+	}
+	delete(live, again.Device)
+	later := now.Add(time.Minute)
+	dropped, err := s.gc(live, later.Add(-time.Minute), later)
 	if err != nil || dropped != 2 {
-		t.Fatalf("gc = %d, %v; want 1 binding and 1 holding dropped", dropped, err)
+		t.Fatalf("gc a minute later = %d, %v; want 1 binding and 1 holding dropped", dropped, err)
 	}
 	restored, err := loadClaimStore(path)
 	if err != nil {
@@ -100,8 +116,8 @@ func TestClaimGC(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("checkpointed bindings after GC (-want +got):\n%s", diff)
 	}
-	if _, ok := restored.held(held.Device); !ok || len(restored.holdings) != 1 {
-		t.Errorf("checkpointed holdings after GC: %v; want only that of %s", restored.holdings, held.Device)
+	if _, ok := restored.held(held.Device); !ok || len(restored.holdings) != 2 {
+		t.Errorf("checkpointed holdings after GC: %v; want those of %s and %s", restored.holdings, held.Device, again.Device)
 	}
 	if len(s.offers) != 0 {
 		t.Errorf("%d old offers kept", len(s.offers))

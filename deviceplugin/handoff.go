@@ -113,7 +113,8 @@ func (a *allocator) gc(ctx context.Context) {
 		live[handoff.DeviceName(ids)] = true
 		names[a.cdiDeviceOf(ids)] = true
 	}
-	cutoff := a.clock.Now().Add(-a.t.ClaimTTL)
+	now := a.clock.Now()
+	cutoff := now.Add(-a.t.ClaimTTL)
 	removed, err := handoff.RemoveStaleSpecs(a.cfg.CDISpecDir, names, cutoff)
 	if err != nil {
 		a.logger.Error(err, "Removing stale CDI specs")
@@ -121,7 +122,7 @@ func (a *allocator) gc(ctx context.Context) {
 	if len(removed) > 0 {
 		a.logger.V(2).Info("Removed stale CDI specs", "devices", removed)
 	}
-	if dropped, err := a.claims.gc(live, cutoff); err != nil {
+	if dropped, err := a.claims.gc(live, cutoff, now); err != nil {
 		a.logger.Error(err, "Writing the checkpoint")
 	} else if dropped > 0 {
 		a.logger.V(2).Info("Dropped stale env-mode bindings", "count", dropped)
