@@ -45,6 +45,10 @@ type NodeOptions struct {
 	// Labels are the Node's labels (the kubelet's --node-labels); with a chart they pick the
 	// device-plugin DaemonSet, whose configuration then decides the fake GPUs.
 	Labels map[string]string `json:"labels,omitempty"`
+	// CDIOnNotify makes the fake runtime resolve CDI devices as containerd 2.x does, from a cache
+	// refreshed when inotify reports a change to the spec folder (fakecri.Options.CDIOnNotify),
+	// instead of reading the folder at every CreateContainer.
+	CDIOnNotify bool `json:"cdiOnNotify,omitempty"`
 }
 
 // NodeState is what the state file keeps of a node.
@@ -162,10 +166,15 @@ func (n *Node) criSocket() string { return filepath.Join(n.Dir, "cri.sock") }
 
 // startCRI starts the fake CRI and waits for its socket.
 func (n *Node) startCRI(ctx context.Context) error {
+	refresh := "create"
+	if n.CDIOnNotify {
+		refresh = "notify"
+	}
 	p, err := n.c.start(n.Name+"/fake-cri", "gpuslice-fake-cri", []string{
 		"--socket=" + n.criSocket(),
 		"--record-file=" + n.CRIRecordPath(),
 		"--cdi-spec-dirs=" + n.CDISpecDir(),
+		"--cdi-refresh=" + refresh,
 	}, n.Dir)
 	if err != nil {
 		return err

@@ -278,10 +278,11 @@ func TestRealRuntimeSharing(t *testing.T) {
 
 // runFreshPod deletes one running pod of out on n (not the first, whose restarts the test counts)
 // and runs a new GPU pod named name there, which must get exactly its own slice.
-// unresolvedStarts says how many container starts in the default namespace containerd failed
-// because a CDI device did not resolve: its CDI cache, refreshed when inotify reports a change to
-// the spec folder, had not yet read the spec the device plugin wrote at PreStartContainer. The
-// kubelet retries such a start. Reported, not asserted: it depends on the machine's load.
+// unresolvedStarts says how many container starts in the default namespace the runtime
+// (containerd, or the fake runtime with NodeOptions.CDIOnNotify) failed because a CDI device did
+// not resolve: its CDI cache, refreshed when inotify reports a change to the spec folder, had not
+// yet read the spec the device plugin wrote at PreStartContainer. The kubelet retries such a
+// start. Reported, not asserted: it depends on the machine's load.
 func unresolvedStarts(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
 	t.Helper()
 	events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "reason=Failed"})

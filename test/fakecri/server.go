@@ -26,6 +26,8 @@ type Server struct {
 	grpc *grpc.Server
 
 	cdi *cdi.Cache // nil when no CDI spec folder is configured
+	// cdiOnNotify: cdi refreshes itself when inotify reports a change (Options.CDIOnNotify).
+	cdiOnNotify bool
 
 	mu     sync.Mutex // serialises appends to out
 	out    *os.File
@@ -37,19 +39,24 @@ type Options struct {
 	// CDISpecDirs are the folders CDI devices are resolved from, highest priority last, as
 	// containerd's cdi_spec_dirs. Empty means CDI devices are recorded by name only.
 	CDISpecDirs []string
+	// CDIOnNotify resolves CDI devices as containerd 2.x's CRI plugin does: from a cache that a
+	// goroutine refreshes when inotify reports a change to the folders, so a spec written just
+	// before CreateContainer may not be seen yet (the device is then unresolvable, or resolves to
+	// the spec's earlier content). False reads the folders again at every CreateContainer.
+	CDIOnNotify bool
 }
 
 // New returns a Server that appends a Record for each CreateContainer to the file at recordPath
 // (created if missing, mode 0600). The runtime and network report Ready from the start, and
 // every image "pulls" at once with a size of 1 MiB. With opts.CDISpecDirs, each CreateContainer
-// resolves its CDI devices against the spec files there at that moment, and fails when one does
-// not resolve. (containerd resolves them from a cache it refreshes when inotify reports a change
-// to the folder, so it can lag a spec written just before; this runtime never does.)
+// resolves its CDI devices against the spec files there at that moment, or with opts.CDIOnNotify
+// against the cache as the last inotify-driven refresh left it, and fails when one does not
+// resolve.
 func New(recordPath string, opts Options) (*Server, error) {
 	var cache *cdi.Cache
 	if len(opts.CDISpecDirs) > 0 {
 		var err error
-		if cache, err = cdi.NewCache(cdi.WithSpecDirs(opts.CDISpecDirs...), cdi.WithAutoRefresh(false)); err != nil {
+		if cache, err = cdi.NewCache(cdi.WithSpecDirs(opts.CDISpecDirs...), cdi.WithAutoRefresh(opts.CDIOnNotify)); err != nil {
 			return nil, fmt.Errorf("CDI cache: %w", err)
 		}
 	}
@@ -57,7 +64,7 @@ func New(recordPath string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open CRI record file: %w", err)
 	}
-	s := &Server{RemoteRuntime: fake.NewFakeRemoteRuntime(), grpc: grpc.NewServer(), out: out, cdi: cache}
+	s := &Server{RemoteRuntime: fake.NewFakeRemoteRuntime(), grpc: grpc.NewServer(), out: out, cdi: cache, cdiOnNotify: opts.CDIOnNotify}
 	// The kubelet rejects an image whose size is 0 ("Id or size of image … is not set").
 	s.ImageService.SetFakeImageSize(1 << 20)
 	s.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
@@ -146,14 +153,20 @@ func (s *Server) record(req *runtimeapi.CreateContainerRequest) error {
 }
 
 // resolveCDI applies r's CDI devices to r as the runtime would: the spec files are read again now
-// (a spec written at PreStartContainer is always seen), then each device's edits are
+// (a spec written at PreStartContainer is always seen; with cdiOnNotify the cache is taken as it
+// is, as containerd takes it), then each device's edits are
 // injected into an OCI spec holding r's environment, and the result replaces r.Env and adds to
 // r.Mounts and r.Devices. An unresolvable device is an error, which fails CreateContainer.
 func (s *Server) resolveCDI(r *Record) error {
 	if s.cdi == nil || len(r.CDIDevices) == 0 {
 		return nil
 	}
-	if err := s.cdi.Refresh(); err != nil {
+	if s.cdiOnNotify {
+		// Spec errors of the last refresh, as Refresh would report them.
+		if errs := s.cdi.GetErrors(); len(errs) > 0 {
+			r.CDIErrors = append(r.CDIErrors, fmt.Sprint(errs))
+		}
+	} else if err := s.cdi.Refresh(); err != nil {
 		// Refresh reports broken spec files but keeps the good ones: only a device that
 		// then fails to resolve is fatal.
 		r.CDIErrors = append(r.CDIErrors, err.Error())

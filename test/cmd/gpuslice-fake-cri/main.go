@@ -24,7 +24,8 @@ func run(args []string) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	socket := fs.String("socket", "", "unix socket path to serve CRI on (required)")
 	records := fs.String("record-file", "", "file to append one JSON line per CreateContainer to (required)")
-	cdiDirs := fs.String("cdi-spec-dirs", "", "comma-separated folders to resolve CDI devices from at CreateContainer, as containerd does (empty: record CDI device names only)")
+	cdiDirs := fs.String("cdi-spec-dirs", "", "comma-separated folders to resolve CDI devices from at CreateContainer (empty: record CDI device names only)")
+	cdiRefresh := fs.String("cdi-refresh", "create", "when the CDI spec folders are read: create (at every CreateContainer) or notify (when inotify reports a change, as containerd 2.x does)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -32,7 +33,11 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: --socket and --record-file are required\n", name)
 		return 2
 	}
-	var opts fakecri.Options
+	if *cdiRefresh != "create" && *cdiRefresh != "notify" {
+		fmt.Fprintf(os.Stderr, "%s: --cdi-refresh=%q: want create or notify\n", name, *cdiRefresh)
+		return 2
+	}
+	opts := fakecri.Options{CDIOnNotify: *cdiRefresh == "notify"}
 	if *cdiDirs != "" {
 		opts.CDISpecDirs = strings.Split(*cdiDirs, ",")
 	}
