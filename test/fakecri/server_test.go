@@ -4,12 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -162,6 +164,55 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, withoutCreated(t, got)); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
+
+// TestCreateContainerResolvesCDIOnNotify: with CDIOnNotify, devices resolve from the cache as the
+// last inotify-driven refresh left it, with no read of the folder at CreateContainer: a spec that
+// appears, or is rewritten, is seen once the cache has refreshed. Real: the CDI library and
+// inotify.
+func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
+	dir := t.TempDir()
+	specDir := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(specDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	records := filepath.Join(dir, "records.jsonl")
+	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}, CDIOnNotify: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	attempt := uint32(0)
+	create := func() error {
+		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+			PodSandboxId:  sandboxID,
+			SandboxConfig: sandboxCfg,
+			Config: &runtimeapi.ContainerConfig{
+				Metadata:   &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
+				Image:      &runtimeapi.ImageSpec{Image: "img"},
+				CDIDevices: []*runtimeapi.CDIDevice{{Name: "example.com/vgpu=d1"}},
+			},
+		})
+		attempt++
+		return err
+	}
+	if err := create(); err == nil || !strings.Contains(err.Error(), "unresolvable CDI devices") {
+		t.Fatalf("CreateContainer before any spec = %v; want unresolvable", err)
+	}
+	for _, limit := range []string{"100m", "200m"} {
+		spec := `{"cdiVersion":"0.6.0","kind":"example.com/vgpu","devices":[{"name":"d1","containerEdits":{"env":["LIMIT=` + limit + `"]}}]}`
+		if err := os.WriteFile(filepath.Join(specDir, "example.com-vgpu.json"), []byte(spec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			if create() != nil {
+				return false, nil
+			}
+			got, err := ReadRecords(records)
+			return err == nil && len(got) > 0 && got[len(got)-1].Env["LIMIT"] == limit, err
+		})
+		if err != nil {
+			t.Fatalf("LIMIT=%s never resolved after the spec was written: %v", limit, err)
+		}
 	}
 }
 
