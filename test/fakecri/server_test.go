@@ -105,17 +105,26 @@ func startServer(t *testing.T, records string, opts Options) (runtimeapi.Runtime
 	return client, sandbox.GetPodSandboxId(), sandboxCfg
 }
 
-// TestCreateContainerResolvesCDI checks that CDI devices are resolved against the spec files as
-// they are at each CreateContainer (a rewritten spec is seen at once), that the spec's env wins
-// over the container's own, and that an unknown device fails the call. Real: the CDI library.
-func TestCreateContainerResolvesCDI(t *testing.T) {
+// startCDIServer starts a server that resolves CDI devices from a new, empty spec folder
+// (Options.CDIOnNotify: onNotify) and returns the folder, the record file and startServer's
+// results.
+func startCDIServer(t *testing.T, onNotify bool) (string, string, runtimeapi.RuntimeServiceClient, string, *runtimeapi.PodSandboxConfig) {
+	t.Helper()
 	dir := t.TempDir()
 	specDir := filepath.Join(dir, "cdi")
 	if err := os.Mkdir(specDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	records := filepath.Join(dir, "records.jsonl")
-	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}})
+	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}, CDIOnNotify: onNotify})
+	return specDir, records, client, sandboxID, sandboxCfg
+}
+
+// TestCreateContainerResolvesCDI checks that CDI devices are resolved against the spec files as
+// they are at each CreateContainer (a rewritten spec is seen at once), that the spec's env wins
+// over the container's own, and that an unknown device fails the call. Real: the CDI library.
+func TestCreateContainerResolvesCDI(t *testing.T) {
+	specDir, records, client, sandboxID, sandboxCfg := startCDIServer(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	writeSpec := func(limit string) {
@@ -172,13 +181,7 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 // appears, or is rewritten, is seen once the cache has refreshed. Real: the CDI library and
 // inotify.
 func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
-	dir := t.TempDir()
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.Mkdir(specDir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	records := filepath.Join(dir, "records.jsonl")
-	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}, CDIOnNotify: true})
+	specDir, records, client, sandboxID, sandboxCfg := startCDIServer(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	attempt := uint32(0)
