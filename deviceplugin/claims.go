@@ -185,8 +185,10 @@ func (s *claimStore) hold(ids []string, at time.Time) string {
 	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at}
 	delete(s.missing, key)
 	s.dirty = true
-	start := !s.flushing && s.path != ""
-	s.flushing = s.flushing || start
+	start := s.path != "" && !s.flushing
+	if start {
+		s.flushing = true
+	}
 	s.mu.Unlock()
 	if start {
 		go s.flushLoop()

@@ -125,7 +125,7 @@ func (a *allocator) gc(ctx context.Context) {
 	if dropped, err := a.claims.gc(live, cutoff, now); err != nil {
 		a.logger.Error(err, "Writing the checkpoint")
 	} else if dropped > 0 {
-		a.logger.V(2).Info("Dropped stale env-mode bindings", "count", dropped)
+		a.logger.V(2).Info("Dropped the bindings and CDI device names of devices nobody holds", "count", dropped)
 	}
 	if err := handoff.RemoveStaleTemps(a.cfg.EffectiveStateDir(), cutoff); err != nil {
 		a.logger.Error(err, "Removing leftover temporary files")

@@ -276,8 +276,6 @@ func TestRealRuntimeSharing(t *testing.T) {
 	t.Logf("real-runtime scenario in %v", time.Since(began).Round(time.Millisecond))
 }
 
-// runFreshPod deletes one running pod of out on n (not the first, whose restarts the test counts)
-// and runs a new GPU pod named name there, which must get exactly its own slice.
 // unresolvedStarts says how many container starts in the default namespace the runtime
 // (containerd, or the fake runtime with NodeOptions.CDIOnNotify) failed because a CDI device did
 // not resolve: its CDI cache, refreshed when inotify reports a change to the spec folder, had not
@@ -323,6 +321,8 @@ func restartAndCheck(t *testing.T, c *cluster.Cluster, victim corev1.Pod, when s
 	t.Logf("%s: %s on %s ran again, %d mismatches", when, victim.Name, victim.Spec.NodeName, len(bad))
 }
 
+// runFreshPod deletes one running pod of out on n (not the first, whose restarts the test counts)
+// and runs a new GPU pod named name there, which must get exactly its own slice.
 func runFreshPod(t *testing.T, c *cluster.Cluster, n *cluster.Node, name string, out podOutcome) {
 	t.Helper()
 	for _, p := range out.running[1:] {

@@ -177,15 +177,18 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 }
 
 // TestCreateContainerResolvesCDIOnNotify: with CDIOnNotify, devices resolve from the cache as the
-// last inotify-driven refresh left it, with no read of the folder at CreateContainer: a spec that
-// appears, or is rewritten, is seen once the cache has refreshed. Real: the CDI library and
+// last inotify-driven refresh left it, with no read of the folder at CreateContainer. A spec that
+// appears is seen once the cache has refreshed; a change inotify does not report to the folder's
+// watch (the file rewritten through a hard link in another folder) is not seen, where reading the
+// folder at CreateContainer would see it; a change it reports is. Real: the CDI library and
 // inotify.
 func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
 	specDir, records, client, sandboxID, sandboxCfg := startCDIServer(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	attempt := uint32(0)
-	create := func() error {
+	// resolve creates a container with the device and returns the LIMIT it got.
+	resolve := func() (string, error) {
 		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
 			PodSandboxId:  sandboxID,
 			SandboxConfig: sandboxCfg,
@@ -196,27 +199,51 @@ func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
 			},
 		})
 		attempt++
-		return err
-	}
-	if err := create(); err == nil || !strings.Contains(err.Error(), "unresolvable CDI devices") {
-		t.Fatalf("CreateContainer before any spec = %v; want unresolvable", err)
-	}
-	for _, limit := range []string{"100m", "200m"} {
-		spec := `{"cdiVersion":"0.6.0","kind":"example.com/vgpu","devices":[{"name":"d1","containerEdits":{"env":["LIMIT=` + limit + `"]}}]}`
-		if err := os.WriteFile(filepath.Join(specDir, "example.com-vgpu.json"), []byte(spec), 0o600); err != nil {
-			t.Fatal(err)
+		if err != nil {
+			return "", err
 		}
+		got, err := ReadRecords(records)
+		if err != nil {
+			return "", err
+		}
+		return got[len(got)-1].Env["LIMIT"], nil
+	}
+	eventually := func(want string) {
+		t.Helper()
 		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-			if create() != nil {
-				return false, nil
-			}
-			got, err := ReadRecords(records)
-			return err == nil && len(got) > 0 && got[len(got)-1].Env["LIMIT"] == limit, err
+			got, err := resolve()
+			return err == nil && got == want, nil
 		})
 		if err != nil {
-			t.Fatalf("LIMIT=%s never resolved after the spec was written: %v", limit, err)
+			t.Fatalf("LIMIT=%s never resolved after the spec was written: %v", want, err)
 		}
 	}
+	spec := func(limit string) []byte {
+		return []byte(`{"cdiVersion":"0.6.0","kind":"example.com/vgpu","devices":[{"name":"d1","containerEdits":{"env":["LIMIT=` + limit + `"]}}]}`)
+	}
+
+	if _, err := resolve(); err == nil || !strings.Contains(err.Error(), "unresolvable CDI devices") {
+		t.Fatalf("CreateContainer before any spec = %v; want unresolvable", err)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "example.com-vgpu.json")
+	inFolder := filepath.Join(specDir, "example.com-vgpu.json")
+	if err := os.WriteFile(elsewhere, spec("100m"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(elsewhere, inFolder); err != nil {
+		t.Fatal(err)
+	}
+	eventually("100m")
+	if err := os.WriteFile(elsewhere, spec("200m"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := resolve(); err != nil || got != "100m" {
+		t.Fatalf("after a change the folder's watch was not told of: LIMIT=%q, %v; want the cached 100m", got, err)
+	}
+	if err := os.WriteFile(inFolder, spec("300m"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually("300m")
 }
 
 // withoutCreated checks that every record has its creation time and returns them without it.
