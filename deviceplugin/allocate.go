@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -99,11 +100,17 @@ type allocator struct {
 	// nvidiaCDI is the NVIDIA toolkit's CDI device of each GPU, by UUID
 	// (handoff.NVIDIACDIDevices); used with the driver mechanism.
 	nvidiaCDI map[string]string
+	// specLocks orders the writes of each CDI device's spec; preparing
+	// counts the specs being prepared in the background (prepare).
+	specLocks specLocks
+	preparing sync.WaitGroup
 }
 
 // allocate answers Allocate. Mode cdi: one CDI device per container, named
 // after its device IDs and a token of its own, and checkpointed (the spec
-// is written at PreStartContainer under that name: see claimStore.hold), and
+// is written under that name at PreStartContainer, or prepared now in the
+// background for the container the kubelet is admitting: see
+// claimStore.hold and prepare), and
 // under the driver mechanism the NVIDIA toolkit's CDI devices of its GPUs,
 // so that the runtime merges both specs and runs the toolkit's memory-limit
 // hook. Mode
@@ -133,10 +140,19 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 				return nil, err
 			}
 		} else {
-			if err := a.requireAllocation(ctx, ids, gpus); err != nil {
+			offered, err := a.requireAllocation(ctx, ids, gpus)
+			if err != nil {
 				return nil, err
 			}
-			device = a.claims.hold(ids, a.clock.Now())
+			key := device
+			var prepared *specOwner
+			if offered != nil {
+				prepared = &specOwner{Ref: offered.Ref, PodUID: offered.Pod.UID}
+			}
+			device = a.claims.hold(ids, a.clock.Now(), prepared)
+			if offered != nil {
+				a.prepare(key, device, *offered)
+			}
 			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(device)}}}
 			for _, name := range a.nvidiaDevicesFor(gpus) {
 				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: name})
@@ -162,18 +178,23 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 // Failed, with this message) and free its devices, instead of holding them
 // while every start of the container is refused. The error is
 // FailedPrecondition. Devices GetPreferredAllocation has just offered to
-// the container being admitted pass without a list (freshOffer).
-func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) error {
+// the container being admitted pass without a list (freshOffer); when that
+// container was the only one pending, it is returned, for Allocate to
+// prepare its spec.
+func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) (*pendingContainer, error) {
 	if a.pods == nil {
-		return status.Error(codes.FailedPrecondition, errNoPodView.Error())
+		return nil, status.Error(codes.FailedPrecondition, errNoPodView.Error())
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
 	defer cancel()
 	if !a.waitSynced(ctx) {
-		return status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
+		return nil, status.Error(codes.Unavailable, "the plugin has not listed the node's pods yet (API server unreachable?)")
 	}
-	if a.freshOffer(ids, gpus) {
-		return nil
+	if c, sole, ok := a.freshOffer(ids, gpus); ok {
+		if sole {
+			return &c, nil
+		}
+		return nil, nil
 	}
 	held, listed := a.kubeletPods(ctx)
 	fits := func(admitted []pendingContainer) bool {
@@ -187,14 +208,14 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 		var source pendingSource
 		admitted, source = a.admittedPending(ctx, held, listed)
 		if fits(admitted) {
-			return nil
+			return nil, nil
 		}
 		if source == fromView {
 			// The view may still show an earlier pod of that name.
 			if live, err := a.livePending(ctx, held, listed); err == nil {
 				source, admitted = fromAPIServer, live
 				if fits(admitted) {
-					return nil
+					return nil, nil
 				}
 			}
 		}
@@ -210,11 +231,11 @@ func (a *allocator) requireAllocation(ctx context.Context, ids, gpus []string) e
 	}
 	if len(admitted) > 0 {
 		c := admitted[0]
-		return status.Errorf(codes.FailedPrecondition,
+		return nil, status.Errorf(codes.FailedPrecondition,
 			"the kubelet chose %s devices %v on GPUs %v, but container %s, which it admits, has its allocation of %d GPU slice(s) on %v%s: the container could never start with them; delete the pod so that it is created again",
 			a.cfg.ResourceName, ids, gpus, c.Ref, len(c.Alloc.GPUs), allocationGPUs(c.Alloc), a.unhealthyNote(allocationGPUs(c.Alloc)))
 	}
-	return status.Errorf(codes.FailedPrecondition,
+	return nil, status.Errorf(codes.FailedPrecondition,
 		"no pod on node %s has a gpuslice allocation of %d GPU(s) on %v (devices %v): a pod that asks for %s must be bound by the gpuslice scheduler, "+
 			"which writes the %s annotation; a pod created with spec.nodeName set bypasses it",
 		a.cfg.NodeName, len(ids), gpus, ids, a.cfg.ResourceName, vgpu.AnnotationPodAllocation)
@@ -233,22 +254,26 @@ const offerTrust = 2 * time.Second
 // list again: the kubelet admits one pod at a time, and the two lists
 // were half of what each admission waited for in a burst of pods onto one
 // node. Whatever Allocate accepts, PreStartContainer still hands the
-// container its own pod's slice or refuses.
-func (a *allocator) freshOffer(ids, gpus []string) bool {
+// container its own pod's slice or refuses. It returns the offer's
+// container, and whether it was the only pending one (claim.Sole).
+func (a *allocator) freshOffer(ids, gpus []string) (c pendingContainer, sole, ok bool) {
 	o, ok := a.claims.offered(handoff.DeviceName(ids))
 	if !ok || a.clock.Since(o.At) > offerTrust {
-		return false
+		return pendingContainer{}, false, false
 	}
 	pod, ok := a.pods.Pod(o.Ref.Namespace, o.Ref.Pod)
 	if !ok || pod.UID != o.PodUID || pod.DeletionTimestamp != nil {
-		return false
+		return pendingContainer{}, false, false
 	}
 	alloc, ok, err := a.pods.Allocation(pod)
 	if !ok || err != nil {
-		return false
+		return pendingContainer{}, false, false
 	}
 	ca, ok := alloc.Container(o.Ref.Container)
-	return ok && allocationFits(ca, ids, gpus)
+	if !ok || !allocationFits(ca, ids, gpus) {
+		return pendingContainer{}, false, false
+	}
+	return pendingContainer{Ref: o.Ref, Pod: pod, Alloc: ca}, o.Sole, true
 }
 
 // unhealthyNote names those of gpus that the node's inventory shows

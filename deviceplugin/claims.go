@@ -40,6 +40,10 @@ type claim struct {
 	Ref       containerRef `json:"container"`
 	PodUID    types.UID    `json:"podUID"`
 	At        time.Time    `json:"at"`
+	// Sole (offers only, not checkpointed) says Ref's was the only pending
+	// container of the pods the kubelet listed when the offer was made:
+	// the kubelet was admitting it, so Allocate may prepare its CDI spec.
+	Sole bool `json:"-"`
 }
 
 // holding is the CDI device name mode-cdi Allocate gave the container it
@@ -51,6 +55,20 @@ type holding struct {
 	DeviceIDs []string  `json:"deviceIDs"`
 	Name      string    `json:"cdiDevice"`
 	At        time.Time `json:"at"`
+	// For is the container whose spec Allocate prepared under Name (see
+	// allocator.prepare); nil when none was, and PreStartContainer writes it.
+	For *specOwner `json:"preparedFor,omitempty"`
+}
+
+// specOwner is the container a prepared CDI spec is for.
+type specOwner struct {
+	Ref    containerRef `json:"container"`
+	PodUID types.UID    `json:"podUID"`
+}
+
+// is reports whether o names container ref of pod uid.
+func (o *specOwner) is(ref containerRef, uid types.UID) bool {
+	return o != nil && o.Ref == ref && o.PodUID == uid
 }
 
 // checkpoint is the checkpoint file's content. Holdings were added after
@@ -119,6 +137,9 @@ func loadClaimStore(path string) (*claimStore, error) {
 		if h.Device == "" || h.Device != handoff.DeviceName(h.DeviceIDs) || !handoff.IsHolderName(h.Name, h.Device) {
 			return newClaimStore(path), fmt.Errorf("checkpoint %s: holdings[%d] (device %q, cdiDevice %q) does not match its deviceIDs %v", path, i, h.Device, h.Name, h.DeviceIDs)
 		}
+		if o := h.For; o != nil && (o.Ref.Namespace == "" || o.Ref.Pod == "" || o.Ref.Container == "" || o.PodUID == "") {
+			return newClaimStore(path), fmt.Errorf("checkpoint %s: holdings[%d].preparedFor (%+v) must name a namespace, pod, container and podUID", path, i, *o)
+		}
 		s.holdings[h.Device] = h
 	}
 	return s, nil
@@ -173,8 +194,9 @@ func (s *claimStore) bind(c claim) error {
 // under 1 ms in a burst of 40 pods onto one node. A plugin that stops
 // before the write loses the name; the container's start then fails as an
 // unresolvable CDI device (cdiDeviceOf), never with another holder's
-// edits.
-func (s *claimStore) hold(ids []string, at time.Time) string {
+// edits. A non-nil prepared is the container Allocate prepares the spec for
+// (holding.For).
+func (s *claimStore) hold(ids []string, at time.Time, prepared *specOwner) string {
 	key := handoff.DeviceName(ids)
 	s.mu.Lock()
 	prev, had := s.holdings[key]
@@ -182,7 +204,7 @@ func (s *claimStore) hold(ids []string, at time.Time) string {
 	for had && name == prev.Name {
 		name = handoff.HolderName(key, newToken())
 	}
-	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at}
+	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at, For: prepared}
 	delete(s.missing, key)
 	s.dirty = true
 	start := s.path != "" && !s.flushing
@@ -224,13 +246,44 @@ func (s *claimStore) flush() error {
 	return s.save(true)
 }
 
+// saved returns once the checkpoint holds every change made before the
+// call: it writes the checkpoint unless a write that began after those
+// changes has ended (save(false) skips a clean store), and returns that
+// write's error.
+func (s *claimStore) saved() error {
+	return s.save(false)
+}
+
 // held returns the CDI device name of the holder of the IDs whose key is
 // device, if Allocate gave one.
 func (s *claimStore) held(device string) (string, bool) {
+	h, ok := s.holding(device)
+	return h.Name, ok
+}
+
+// holding returns the holding of the IDs whose key is device, if any.
+func (s *claimStore) holding(device string) (holding, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, ok := s.holdings[device]
-	return h.Name, ok
+	return h, ok
+}
+
+// prepareFor records that the spec of the holding of device named name is
+// for o now, and writes the checkpoint before it returns; false (nothing
+// changed) when device has another holder by now.
+func (s *claimStore) prepareFor(device, name string, o specOwner) (bool, error) {
+	s.mu.Lock()
+	h, ok := s.holdings[device]
+	if !ok || h.Name != name {
+		s.mu.Unlock()
+		return false, nil
+	}
+	h.For = &o
+	s.holdings[device] = h
+	s.dirty = true
+	s.mu.Unlock()
+	return true, s.save(false)
 }
 
 // newToken returns 12 random hex digits.

@@ -80,7 +80,7 @@ func TestClaimGC(t *testing.T) {
 	}
 	s.offer(mk(DeviceID(gpuB, 0), now.Add(-time.Hour)))
 	for _, c := range []claim{held, mk(DeviceID(gpuB, 1), now.Add(-time.Hour))} {
-		s.hold(c.DeviceIDs, c.At)
+		s.hold(c.DeviceIDs, c.At, nil)
 	}
 	// A first collection that finds the devices unheld (a kubelet that has
 	// just restarted lists no pods) drops nothing; one a minute later that
@@ -88,7 +88,7 @@ func TestClaimGC(t *testing.T) {
 	// between.
 	live := map[string]bool{held.Device: true}
 	again := mk(DeviceID(gpuB, 2), now.Add(-time.Hour))
-	s.hold(again.DeviceIDs, again.At)
+	s.hold(again.DeviceIDs, again.At, nil)
 	if dropped, err := s.gc(live, now.Add(-time.Minute), now); err != nil || dropped != 0 {
 		t.Fatalf("first gc = %d, %v; want nothing dropped", dropped, err)
 	}

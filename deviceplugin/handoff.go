@@ -55,6 +55,7 @@ func (p *Plugin) startHandoff(ctx context.Context, inv *inventory) (*allocator, 
 		metrics:     p.metrics,
 	}
 	stops := []func(){func() {
+		a.drain()
 		if err := claims.flush(); err != nil {
 			logger.Error(err, "Writing the checkpoint at stop")
 		}

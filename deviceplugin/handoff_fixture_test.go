@@ -184,14 +184,18 @@ func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {
 		t.Fatal("pod informer did not sync")
 	}
 	claims := newClaimStore(filepath.Join(cfg.EffectiveStateDir(), checkpointFileName))
-	// No background checkpoint write outlives the test's folders.
-	t.Cleanup(func() { _ = claims.flush() })
 	f.alloc = &allocator{
 		cfg: cfg, inv: inv, pods: f.view, live: cache.ToListerWithContext(clientset.New(f.client).NodePods(cfg.NodeName)),
 		livePod: clientset.New(f.client).Pod,
 		lister:  f.podRes, events: f.events, claims: claims,
 		clock: clock.RealClock{}, t: fastTimings(), logger: ktesting.NewLogger(t, ktesting.DefaultConfig),
 	}
+	// No background write (the checkpoint, a prepared spec) outlives the
+	// test's folders.
+	t.Cleanup(func() {
+		f.alloc.drain()
+		_ = f.alloc.claims.flush()
+	})
 	f.useFacts(handoff.NodeFacts{})
 	return f
 }

@@ -23,6 +23,7 @@ const (
 	MetricPreStart      = "gpuslice_deviceplugin_prestart_total"
 	MetricAllocate      = "gpuslice_deviceplugin_allocate_total"
 	MetricCallDuration  = "gpuslice_deviceplugin_call_duration_seconds"
+	MetricSpecWrites    = "gpuslice_deviceplugin_cdi_spec_writes_total"
 )
 
 // Values of MetricCallDuration's call label: the kubelet's calls of the
@@ -66,6 +67,7 @@ type pluginMetrics struct {
 	preStarts     *prometheus.CounterVec
 	allocates     *prometheus.CounterVec
 	calls         *prometheus.HistogramVec
+	specWrites    *prometheus.CounterVec
 }
 
 // newPluginMetrics registers p's metrics in reg; a nil reg is a new
@@ -96,10 +98,16 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 			Help:    "Time the plugin took to answer the kubelet's hand-off calls, by call: GetPreferredAllocation and Allocate (the kubelet waits for both while it admits a pod, one pod at a time) and PreStartContainer (every container start).",
 			Buckets: callBuckets,
 		}, []string{"call"}),
+		specWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricSpecWrites,
+			Help: "CDI spec files written (mode cdi), by the call that wrote them: Allocate (prepared in the background for the container the kubelet admits) or PreStartContainer (a start found no spec, or another one, under the container's CDI device name).",
+		}, []string{"call"}),
 	}
 	for _, call := range HandoffCalls() {
 		m.calls.WithLabelValues(call)
 	}
+	m.specWrites.WithLabelValues(CallAllocate)
+	m.specWrites.WithLabelValues(CallPreStartContainer)
 	m.registrations.WithLabelValues(ResultSuccess)
 	m.registrations.WithLabelValues(ResultFailure)
 	m.preStarts.WithLabelValues(ResultSuccess)
@@ -113,7 +121,7 @@ func newPluginMetrics(p *Plugin, reg *prometheus.Registry) (*pluginMetrics, erro
 		}
 		return 0
 	})
-	set, err := registry.Register(reg, m.registrations, m.preStarts, m.allocates, m.calls, registered, &healthCollector{p: p}, &gpuCollector{p: p})
+	set, err := registry.Register(reg, m.registrations, m.preStarts, m.allocates, m.calls, m.specWrites, registered, &healthCollector{p: p}, &gpuCollector{p: p})
 	if err != nil {
 		return nil, fmt.Errorf("deviceplugin: metrics: %w", err)
 	}
@@ -149,6 +157,13 @@ func (m *pluginMetrics) allocated(err error) {
 func (m *pluginMetrics) preStarted(result string) {
 	if m != nil {
 		m.preStarts.WithLabelValues(result).Inc()
+	}
+}
+
+// specWritten counts one CDI spec file written by call.
+func (m *pluginMetrics) specWritten(call string) {
+	if m != nil {
+		m.specWrites.WithLabelValues(call).Inc()
 	}
 }
 

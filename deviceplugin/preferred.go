@@ -139,7 +139,7 @@ func (a *allocator) offerPending(ctx context.Context, held map[containerRef][]st
 			if !ok {
 				continue
 			}
-			a.claims.offer(claim{Device: handoff.DeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now})
+			a.claims.offer(claim{Device: handoff.DeviceName(pick), DeviceIDs: pick, Ref: c.Ref, PodUID: c.Pod.UID, At: now, Sole: len(pending) == 1})
 			a.logger.V(2).Info("Preferred devices on the scheduler's GPUs", "container", c.Ref, "devices", pick)
 			return pick, true
 		}

@@ -77,10 +77,15 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	return ResultSuccess, nil
 }
 
-// writeSpec writes the CDI spec that gives ref, the holder of ids (on
-// gpus, as checkIDs returns them), its slice, under the CDI device name
-// Allocate gave it (cdiDeviceOf). It is written again on every start: the
-// pod of that name may be another one than at the last start.
+// writeSpec makes the CDI spec under the name Allocate gave ref, the
+// holder of ids (on gpus, as checkIDs returns them), give it its slice. It
+// is checked on every start, since the pod of that name may be another one
+// than at the last start, and written when missing or different
+// (handoff.UpdateSpec): a spec Allocate prepared for this container
+// (prepare) is left alone, so the runtime's cache keeps what it read. A
+// spec prepared for another container refuses the start for good once
+// written: the runtime may have read those edits under the name this
+// container asks for (prepared).
 func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
 	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
 	if err != nil {
@@ -90,16 +95,52 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
 	}
+	key := handoff.DeviceName(ids)
 	name := a.cdiDeviceOf(ids)
 	spec, err := handoff.BuildSpec(name, edits)
-	if err == nil {
-		err = handoff.WriteSpec(a.cfg.CDISpecDir, spec)
+	if err != nil {
+		return refuse(ReasonSpecWriteFailed, ref, pod, "build the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
 	}
+	unlock := a.specLocks.lock(name)
+	defer unlock()
+	if err := a.prepared(key, name, ref, pod); err != nil {
+		return err
+	}
+	written, err := handoff.UpdateSpec(a.cfg.CDISpecDir, spec)
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
 	}
-	a.logger.V(2).Info("Wrote CDI spec", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "enforcement", a.enforcement, "guarded", edits.Guarded)
+	if written {
+		a.metrics.specWritten(CallPreStartContainer)
+	}
+	a.logger.V(2).Info("CDI spec ready", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "written", written, "enforcement", a.enforcement, "guarded", edits.Guarded)
 	a.reportEnforcement(ref, pod, ca)
+	return nil
+}
+
+// prepared checks, with name's spec lock held, the spec Allocate prepared
+// under name (the holding of key) against ref of pod, the container
+// starting: nil when none was prepared or it is ref's. One prepared for
+// another container (GetPreferredAllocation's offer was not the container
+// the kubelet admitted) refuses the start for good once its file exists,
+// because a runtime that caches specs may keep serving those edits under
+// the name the kubelet gave this container at Allocate; the pod has to be
+// created again. While the file does not exist, ref takes the name over
+// (checkpointed before the spec is written) and the prepared spec is never
+// written.
+func (a *allocator) prepared(key, name string, ref containerRef, pod *corev1.Pod) error {
+	h, ok := a.claims.holding(key)
+	if !ok || h.Name != name || h.For == nil || h.For.is(ref, pod.UID) {
+		return nil
+	}
+	if handoff.SpecExists(a.cfg.CDISpecDir, name) {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"CDI device %s was prepared at Allocate for container %s of pod UID %s, but the kubelet starts it for this container of pod UID %s: the container runtime may keep the other container's edits under that name, so this container cannot start with these devices; delete the pod so that it is created again",
+			handoff.CDIQualifiedName(name), h.For.Ref, h.For.PodUID, pod.UID)
+	}
+	if _, err := a.claims.prepareFor(key, name, specOwner{Ref: ref, PodUID: pod.UID}); err != nil {
+		return refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s is this container's: %w", handoff.CDIQualifiedName(name), err)
+	}
 	return nil
 }
 

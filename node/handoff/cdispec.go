@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -128,21 +129,48 @@ func BuildSpec(name string, e Edits) (*cdispecs.Spec, error) {
 // dir. The CDI library reads and validates the new file before it takes
 // the old one's place, so a runtime never sees a spec it would reject.
 func WriteSpec(dir string, spec *cdispecs.Spec) error {
+	_, err := writeSpec(dir, spec, false)
+	return err
+}
+
+// UpdateSpec is WriteSpec, except that a spec file that already holds
+// exactly spec is left alone (false): every rewrite makes a container
+// runtime that watches dir read all its specs again.
+func UpdateSpec(dir string, spec *cdispecs.Spec) (bool, error) {
+	return writeSpec(dir, spec, true)
+}
+
+// writeSpec does WriteSpec's work; keep leaves a file that holds exactly
+// spec alone, and the result says whether the file was written.
+func writeSpec(dir string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	if len(spec.Devices) != 1 {
-		return fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
+		return false, fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
 	}
 	data, err := json.Marshal(spec)
 	if err != nil {
-		return fmt.Errorf("encode CDI spec: %w", err)
+		return false, fmt.Errorf("encode CDI spec: %w", err)
 	}
 	file := SpecFileName(spec.Devices[0].Name)
+	if keep {
+		if old, err := os.ReadFile(filepath.Join(dir, file)); err == nil && bytes.Equal(old, data) { //nolint:gosec // G304: a spec file of the plugin's own folder.
+			return false, nil
+		}
+	}
 	//nolint:gosec // G306: container runtimes, not only root, may read CDI specs.
-	return WriteFileAtomic(dir, file, data, 0o644, func(tmp string) error {
+	err = WriteFileAtomic(dir, file, data, 0o644, func(tmp string) error {
 		if _, err := cdi.ReadSpec(tmp, 0); err != nil {
 			return fmt.Errorf("CDI spec for %s is invalid: %w", file, err)
 		}
 		return nil
 	})
+	return err == nil, err
+}
+
+// SpecExists reports whether dir may have a spec file for CDI device
+// name: true unless a look finds none.
+func SpecExists(dir, name string) bool {
+	_, err := os.Stat(filepath.Join(dir, SpecFileName(name)))
+	return !errors.Is(err, os.ErrNotExist)
 }
 
 // RemoveStaleSpecs deletes the plugin's spec files in dir whose device

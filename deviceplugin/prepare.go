@@ -1,0 +1,80 @@
+package deviceplugin
+
+import (
+	"hash/fnv"
+	"sync"
+
+	"github.com/gpuslice/gpuslice/node/handoff"
+)
+
+// specLocks orders the writes of one CDI device's spec (the one prepared
+// at Allocate and those of the container's starts). It is a fixed set of
+// mutexes, one per hash of the name, so writes of different devices
+// seldom wait for each other and nothing is kept per device.
+type specLocks [32]sync.Mutex
+
+// lock locks name's mutex and returns its unlock.
+func (l *specLocks) lock(name string) func() {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(name)) // never fails
+	m := &l[h.Sum32()%uint32(len(l))]
+	m.Lock()
+	return m.Unlock
+}
+
+// prepare writes, in the background, the spec of CDI device name (the
+// holding of device) for c: the container GetPreferredAllocation offered
+// the devices to as the only pending container of the pods the kubelet
+// listed, so the one the kubelet was admitting. A container runtime that
+// resolves CDI devices from a cache refreshed on folder changes
+// (containerd 2.x) then has the whole time from admission to the
+// container's creation to read it, instead of the moment between
+// PreStartContainer and CreateContainer; a spec it has not read fails the
+// start (unresolvable CDI device) and the kubelet retries it after 10 s.
+//
+// The checkpoint records c as the spec's container (holding.For) before the
+// spec is written, so a restarted plugin knows the spec under that name is
+// c's. A start of another container with these devices is then refused
+// for good (writeSpec): the runtime may have read c's edits under that
+// name. The spec is left to the container's start when the checkpoint
+// cannot be written, when device has another holder by then, or when a
+// start already took the name over.
+func (a *allocator) prepare(device, name string, c pendingContainer) {
+	a.preparing.Add(1)
+	go func() {
+		defer a.preparing.Done()
+		if err := a.claims.saved(); err != nil {
+			a.logger.Error(err, "Not preparing the CDI spec at Allocate: the checkpoint that names its container was not written; its start writes it", "cdiDevice", name, "container", c.Ref)
+			return
+		}
+		edits, err := a.editsFor(c.Pod, c.Alloc)
+		if err != nil {
+			a.logger.V(2).Info("Not preparing the CDI spec at Allocate; its start decides", "cdiDevice", name, "container", c.Ref, "err", err.Error())
+			return
+		}
+		spec, err := handoff.BuildSpec(name, edits)
+		if err != nil {
+			a.logger.Error(err, "Not preparing the CDI spec at Allocate; its start writes it", "cdiDevice", name, "container", c.Ref)
+			return
+		}
+		unlock := a.specLocks.lock(name)
+		defer unlock()
+		if h, ok := a.claims.holding(device); !ok || h.Name != name || !h.For.is(c.Ref, c.Pod.UID) {
+			return
+		}
+		written, err := handoff.UpdateSpec(a.cfg.CDISpecDir, spec)
+		if err != nil {
+			a.logger.Error(err, "Preparing the CDI spec at Allocate; its start writes it", "cdiDevice", name, "container", c.Ref)
+			return
+		}
+		if written {
+			a.metrics.specWritten(CallAllocate)
+			a.logger.V(2).Info("Prepared CDI spec", "container", c.Ref, "podUID", c.Pod.UID, "cdiDevice", handoff.CDIQualifiedName(name))
+		}
+	}()
+}
+
+// drain waits for the specs being prepared.
+func (a *allocator) drain() {
+	a.preparing.Wait()
+}

@@ -1,0 +1,205 @@
+package deviceplugin
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+)
+
+// admitOne offers and allocates devices for the pod the kubelet admits,
+// as the kubelet does (GetPreferredAllocation, then Allocate with the
+// offer), and returns the devices and the CDI device name Allocate gave.
+func (f *handoffFixture) admitOne(size int32) (ids []string, name string) {
+	f.t.Helper()
+	ids = f.prefer(devicesOf(), nil, size)
+	cresp, err := f.allocate(ids...)
+	if err != nil {
+		f.t.Fatalf("Allocate of the offered devices %v: %v", ids, err)
+	}
+	return ids, strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")
+}
+
+// specInode returns the inode of name's spec file: a rewrite (a new file
+// renamed into place) changes it.
+func (f *handoffFixture) specInode(name string) uint64 {
+	f.t.Helper()
+	info, err := os.Stat(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(name)))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return info.Sys().(*syscall.Stat_t).Ino
+}
+
+// TestAllocatePreparesTheSpec: Allocate of the devices offered to the only
+// pending container writes that container's spec in the background, after
+// the checkpoint names the container, so a runtime that refreshes its CDI
+// cache before the container's creation resolves the device; the start
+// leaves that spec alone (a rewrite would make a watching runtime read
+// every spec again) and, after a restart, still knows it is the
+// container's.
+func TestAllocatePreparesTheSpec(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main"))
+	ids, name := f.admitOne(1)
+	f.alloc.drain()
+	if !handoff.SpecExists(f.cfg.CDISpecDir, name) {
+		t.Fatalf("no spec for %s after Allocate's background write; folder has %v", name, readDirNames(t, f.cfg.CDISpecDir))
+	}
+	data, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName))
+	if err != nil || !strings.Contains(string(data), `"preparedFor"`) {
+		t.Fatalf("checkpoint = %s, %v; want the holding's preparedFor", data, err)
+	}
+	runtime, err := cdi.NewCache(cdi.WithSpecDirs(f.cfg.CDISpecDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := injectInto(runtime.InjectDevices, handoff.CDIQualifiedName(name))
+	if err != nil {
+		t.Fatalf("a runtime cache read after Allocate: %v", err)
+	}
+	want := []string{"default/p", "uid-p", "2048m"}
+	env := func(r ociResult) []string {
+		return []string{envValue(r.Process.Env, handoff.EnvPod), envValue(r.Process.Env, handoff.EnvPodUID), envValue(r.Process.Env, handoff.EnvMemoryLimitPrefix+"0")}
+	}
+	if diff := cmp.Diff(want, env(got)); diff != "" {
+		t.Errorf("prepared spec: pod, UID, memory limit (-want +got):\n%s", diff)
+	}
+
+	inode := f.specInode(name)
+	f.podRes.hold("default", "p", "main", ids...)
+	if err := f.preStart(ids...); err != nil {
+		t.Fatalf("start of the container the spec was prepared for: %v", err)
+	}
+	if f.specInode(name) != inode {
+		t.Error("the start rewrote the spec prepared for its container")
+	}
+	if f.alloc.claims, err = loadClaimStore(filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.preStart(ids...); err != nil {
+		t.Fatalf("restart of the container after a plugin restart: %v", err)
+	}
+	if f.specInode(name) != inode {
+		t.Error("a start after a plugin restart rewrote the spec prepared for its container")
+	}
+	if diff := cmp.Diff(want, env(f.inject(handoff.CDIQualifiedName(name)))); diff != "" {
+		t.Errorf("spec after the starts (-want +got):\n%s", diff)
+	}
+}
+
+// TestAllocatePreparesOnlyForTheOnlyPendingContainer: with two pending
+// containers listed, the offer is a choice between them, so the spec waits
+// for the start, which knows which container holds the devices.
+func TestAllocatePreparesOnlyForTheOnlyPendingContainer(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	now := time.Now()
+	f.addPod(gpuPod("p", now, allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main"))
+	f.addPod(gpuPod("q", now.Add(time.Second), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+	ids, name := f.admitOne(1)
+	f.alloc.drain()
+	if handoff.SpecExists(f.cfg.CDISpecDir, name) {
+		t.Fatalf("Allocate wrote a spec for %s although two containers were pending", name)
+	}
+	f.podRes.hold("default", "p", "main", ids...)
+	if err := f.preStart(ids...); err != nil {
+		t.Fatal(err)
+	}
+	if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/p" {
+		t.Errorf("spec written at the start names pod %q, want default/p", got)
+	}
+}
+
+// TestPreparedSpecOfAnotherContainer: when the kubelet admitted another
+// container than the one the devices were offered to (here: the pod it
+// admits is not in the plugin's view yet, and an older listed pod is), a
+// spec prepared and written for the offer's container refuses the
+// container that starts, for good, with an event saying to create the pod
+// again: a runtime may serve the prepared edits under that name. While the
+// prepared spec is not written yet, the starting container takes the name
+// over and starts with its own slice.
+func TestPreparedSpecOfAnotherContainer(t *testing.T) {
+	for _, written := range []bool{true, false} {
+		t.Run(map[bool]string{true: "written", false: "not yet written"}[written], func(t *testing.T) {
+			f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+			f.addPod(gpuPod("x", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main"))
+			f.podRes.admit("default", "y")
+			ids, name := f.admitOne(1)
+			f.alloc.drain()
+			if !written {
+				if err := os.Remove(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(name))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.addViewPod(gpuPod("y", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
+			f.podRes.hold("default", "y", "main", ids...)
+			err := f.preStart(ids...)
+			if written {
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "prepared at Allocate for container default/x/main") || !strings.Contains(err.Error(), "delete the pod") {
+					t.Fatalf("start of y with a spec prepared for x = %v; want FailedPrecondition naming x and saying to delete the pod", err)
+				}
+				if ev := f.event(); !strings.Contains(ev, "Warning "+ReasonAllocationMismatch) {
+					t.Errorf("event = %q, want a Warning %s", ev, ReasonAllocationMismatch)
+				}
+				if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/x" {
+					t.Errorf("the refused start changed the spec: it names %q, want default/x", got)
+				}
+				if err := f.preStart(ids...); status.Code(err) != codes.FailedPrecondition {
+					t.Errorf("the next start of y = %v; want refused again", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("start of y while the spec prepared for x is not written: %v", err)
+			}
+			if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/y" {
+				t.Errorf("spec names %q, want default/y", got)
+			}
+			h, _ := f.alloc.claims.holding(handoff.DeviceName(ids))
+			if h.For == nil || h.For.Ref.Pod != "y" {
+				t.Errorf("holding prepared for %+v, want y's container", h.For)
+			}
+			data, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName))
+			if err != nil || !strings.Contains(string(data), `"uid-y"`) {
+				t.Errorf("checkpoint = %s, %v; want y named before its spec was written", data, err)
+			}
+		})
+	}
+}
+
+// TestCheckpointRefusesAnIncompletePreparedFor: a holding's preparedFor
+// must name its container and pod UID; the error names the field.
+func TestCheckpointRefusesAnIncompletePreparedFor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), checkpointFileName)
+	ids := []string{DeviceID(gpuA, 1)}
+	s := newClaimStore(path)
+	s.hold(ids, time.Now(), &specOwner{Ref: containerRef{Namespace: "default", Pod: "p", Container: "main"}, PodUID: "uid-p"})
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := loadClaimStore(path)
+	if err != nil || len(loaded.holdings) != 1 {
+		t.Fatalf("loadClaimStore = %d holdings, %v; want 1", len(loaded.holdings), err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(data), `"uid-p"`, `""`, 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil { //nolint:gosec // G703: the test's own temporary folder.
+		t.Fatal(err)
+	}
+	if s, err := loadClaimStore(path); err == nil || !strings.Contains(err.Error(), "holdings[0].preparedFor") || len(s.holdings) != 0 {
+		t.Errorf("loadClaimStore of a preparedFor without a pod UID = %d holdings, %v; want none and an error naming holdings[0].preparedFor", len(s.holdings), err)
+	}
+}
