@@ -50,8 +50,10 @@ type Mode string
 
 const (
 	// ModeCDI answers Allocate with a CDI device name whose spec file the
-	// plugin writes at PreStartContainer, once the kubelet's PodResources
-	// API names the container that holds the devices. Exact; the default.
+	// plugin prepares in the background for the container the kubelet
+	// admits, and checks (or writes) at PreStartContainer, once the
+	// kubelet's PodResources API names the container that holds the
+	// devices. Exact; the default.
 	ModeCDI Mode = "cdi"
 	// ModeEnv answers Allocate with the environment itself, for runtimes
 	// without CDI. Allocate carries no pod identity, so the plugin matches

@@ -20,7 +20,9 @@
 // of its own (checkpointed: a name never passes to the IDs' next holder),
 // and PreStartContainer, called before every container start, asks the
 // kubelet's PodResources API which container holds exactly those IDs and
-// writes that container's CDI spec under that name: HAMi-core's environment
+// makes that container's CDI spec under that name hold its slice (Allocate
+// has usually prepared it in the background, for the one container the
+// kubelet could be admitting): HAMi-core's environment
 // (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT, …), device nodes and,
 // when configured, libvgpu.so with an ld.so.preload. In mode env, for
 // runtimes without CDI, Allocate answers the environment itself for the

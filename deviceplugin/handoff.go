@@ -99,8 +99,8 @@ func (a *allocator) runGC(ctx context.Context) {
 // gc removes the CDI specs no container holds (by their holder's name: a
 // previous holder's spec goes too), and the bindings and holdings of
 // devices that no container holds any more, once they are older than
-// ClaimTTL (a spec written at PreStartContainer must outlive the
-// container's creation), and
+// ClaimTTL (a spec written at Allocate or PreStartContainer must outlive
+// the container's creation), and
 // drops old offers. Without a PodResources answer it removes nothing. It
 // also restores the ld.so.preload file if someone removed it.
 func (a *allocator) gc(ctx context.Context) {

@@ -175,7 +175,8 @@ func SpecExists(dir, name string) bool {
 
 // RemoveStaleSpecs deletes the plugin's spec files in dir whose device
 // is not in live and that were written before cutoff (a spec written at
-// PreStartContainer must survive until the runtime has read it), and
+// Allocate or PreStartContainer must survive until the runtime has read
+// it), and
 // leftover temporary files. It returns the device names removed.
 func RemoveStaleSpecs(dir string, live map[string]bool, cutoff time.Time) ([]string, error) {
 	entries, err := os.ReadDir(dir)

@@ -170,8 +170,9 @@ func logPluginCalls(t *testing.T, what, url string, burst time.Duration) {
 		}
 		parts = append(parts, fmt.Sprintf("%s %.0f calls, %.1f ms mean", call, n, mean))
 	}
-	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel)",
-		what, strings.Join(parts, "; "), admission, burst.Seconds())
+	writes := samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallAllocate)]
+	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel); CDI specs written at Allocate %.0f, at PreStartContainer %.0f",
+		what, strings.Join(parts, "; "), admission, burst.Seconds(), writes, samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallPreStartContainer)])
 }
 
 // logPhases logs, over pods, the slowest time from creation to binding (condition PodScheduled)
