@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -75,7 +77,14 @@ func startEnv(t testing.TB, cfg Config, client *fake.Clientset) *env {
 		t.Fatal(err)
 	}
 	e.s = s
-	_, ctx := ktesting.NewTestContext(t)
+	// The Scheduler logs from goroutines of its own. A logger bound to a
+	// testing.F must not be used once f.Fuzz runs (the race detector
+	// catches its "ready" line racing with the fuzz target's start), so
+	// fuzz tests discard the log.
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	if _, fuzz := t.(*testing.F); !fuzz {
+		_, ctx = ktesting.NewTestContext(t)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.WatchCluster(ctx) }()
