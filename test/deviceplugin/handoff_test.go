@@ -141,6 +141,17 @@ func (h *handoffEnv) startContainer(pod *corev1.Pod, container string) map[strin
 	return env
 }
 
+// waitPrepared waits until the plugin's CDI spec folder holds n specs: the
+// plugin prepares the spec of the container the kubelet admitted (pod) at
+// Allocate, in the background, before the container's start.
+func (h *handoffEnv) waitPrepared(pod string, n int) {
+	h.t.Helper()
+	waitUntil(h.t, waitLong, fmt.Sprintf("%d CDI specs, the last prepared at Allocate for pod %s", n, pod), func() bool {
+		specs, err := filepath.Glob(filepath.Join(h.dir, "cdi", "*.json"))
+		return err == nil && len(specs) == n
+	})
+}
+
 // injectEnv injects devices into an empty OCI spec and returns its env. The
 // OCI type is inferred from inject, so the test needs no direct import of
 // the runtime-spec module.
@@ -204,8 +215,9 @@ func (h *handoffEnv) heldGPUs(pod *corev1.Pod, container string) []string {
 
 // TestHandoffCDI: through the real device manager, each container gets
 // its own pod's slice by CDI; the kubelet's devices land on the GPUs the
-// scheduler chose; a container restart gets the same; and when a pod's
-// device IDs pass to a new pod, the new pod gets its own slice.
+// scheduler chose; each container's spec is prepared at Allocate, before
+// its start; a container restart gets the same; and when a pod's device
+// IDs pass to a new pod, the new pod gets its own slice.
 func TestHandoffCDI(t *testing.T) {
 	t.Parallel()
 	h := newHandoffEnv(t, deviceplugin.ModeCDI)
@@ -227,10 +239,11 @@ func TestHandoffCDI(t *testing.T) {
 	}
 	wantGPUs := map[string][]string{"a": {fakeGPU(1)}, "b": sorted(fakeGPU(2), fakeGPU(0))}
 	cdiNames := map[string]string{}
-	for _, pod := range []*corev1.Pod{a, b} {
+	for i, pod := range []*corev1.Pod{a, b} {
 		if err := h.m.Allocate(pod, &pod.Spec.Containers[0]); err != nil {
 			t.Fatalf("kubelet Allocate for %s: %v", pod.Name, err)
 		}
+		h.waitPrepared(pod.Name, i+1)
 		for start := 1; start <= 2; start++ { // a container restart replays the cached answer
 			env := h.startContainer(pod, "main")
 			cdiNames[pod.Name] = env["cdiDevice"]
@@ -254,6 +267,7 @@ func TestHandoffCDI(t *testing.T) {
 	if err := h.m.Allocate(c, &c.Spec.Containers[0]); err != nil {
 		t.Fatalf("kubelet Allocate for c: %v", err)
 	}
+	h.waitPrepared("c", 3)
 	env := h.startContainer(c, "main")
 	key := func(qualified string) string { k, _, _ := strings.Cut(qualified, "-"); return k }
 	if env["cdiDevice"] == cdiNames["a"] || key(env["cdiDevice"]) != key(cdiNames["a"]) {
