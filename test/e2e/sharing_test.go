@@ -52,7 +52,14 @@ func sharingRounds(t *testing.T) int {
 // kube-apiserver, kube-scheduler, kubelets, the gpuslice extender, webhook and device plugins,
 // the CDI library. Fake: NVML and the container runtime.
 func TestSixtyPodsGetExactlyTheirOwnSlice(t *testing.T) {
-	c := startCluster(t, sharingNodes()...)
+	nodes := sharingNodes()
+	var metrics []string // the plugins' /metrics URLs
+	for i := range nodes {
+		addr := freeLoopbackAddress(t)
+		metrics = append(metrics, "http://"+addr+"/metrics")
+		nodes[i].PluginArgs = append(nodes[i].PluginArgs, "--health-address="+addr)
+	}
+	c := startCluster(t, nodes...)
 	sizes := []int64{4096, 8192, 12288, 16384, 24576, 40960}
 	mismatches := 0
 	for round := range sharingRounds(t) {
@@ -84,7 +91,7 @@ func TestSixtyPodsGetExactlyTheirOwnSlice(t *testing.T) {
 		t.Logf("round %d: %d Running, %d Pending, %d mismatches, settled in %v", round, len(out.running), len(out.pending), len(bad), time.Since(began).Round(time.Millisecond))
 		deleteAll(t, c)
 	}
-	t.Logf("mismatches over all rounds: %d; %s", mismatches, unresolvedStarts(context.Background(), t, c))
+	t.Logf("mismatches over all rounds: %d; %s; %s", mismatches, unresolvedStarts(context.Background(), t, c), specWrites(t, metrics...))
 }
 
 // TestBurstRatio is proof 2: 40 GPU pods onto one 8-GPU node reach Running; the time is reported
@@ -170,9 +177,22 @@ func logPluginCalls(t *testing.T, what, url string, burst time.Duration) {
 		}
 		parts = append(parts, fmt.Sprintf("%s %.0f calls, %.1f ms mean", call, n, mean))
 	}
-	writes := samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallAllocate)]
-	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel); CDI specs written at Allocate %.0f, at PreStartContainer %.0f",
-		what, strings.Join(parts, "; "), admission, burst.Seconds(), writes, samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallPreStartContainer)])
+	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel); %s",
+		what, strings.Join(parts, "; "), admission, burst.Seconds(), specWrites(t, url))
+}
+
+// specWrites says how many CDI specs the device plugins at urls (their /metrics) wrote at
+// Allocate (prepared for the container the kubelet admitted) and at PreStartContainer.
+func specWrites(t *testing.T, urls ...string) string {
+	t.Helper()
+	var allocated, prepared, atStart float64
+	for _, url := range urls {
+		samples := metricstest.Scrape(t, nil, url)
+		allocated += samples[metricstest.Series(deviceplugin.MetricAllocate, "result", deviceplugin.ResultSuccess)]
+		prepared += samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallAllocate)]
+		atStart += samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallPreStartContainer)]
+	}
+	return fmt.Sprintf("of %.0f Allocate answers, CDI specs written at Allocate %.0f, at PreStartContainer %.0f", allocated, prepared, atStart)
 }
 
 // logPhases logs, over pods, the slowest time from creation to binding (condition PodScheduled)
