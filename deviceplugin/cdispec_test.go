@@ -180,8 +180,9 @@ func TestCDISpecContent(t *testing.T) {
 // that resolves names from a cache refreshed on notification (containerd)
 // and has not yet seen the new holder's spec must find nothing under the
 // new name, never the previous holder's edits; once refreshed it finds the
-// new holder's. A restart of the container keeps its name. Collection
-// removes the previous holder's spec.
+// new holder's. A restart of the container keeps its name. The IDs keep
+// one spec file, which defines the current holder's device only, so the
+// folder does not grow with every holder, and collection keeps it.
 func TestHolderNamesWhenDevicesMove(t *testing.T) {
 	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
 	ids := []string{DeviceID(gpuA, 2)}
@@ -241,15 +242,61 @@ func TestHolderNamesWhenDevicesMove(t *testing.T) {
 			}
 		}
 	}
-	wantFiles := []string{handoff.SpecFileName(names[0]), handoff.SpecFileName(names[1])}
-	slices.Sort(wantFiles)
-	if diff := cmp.Diff(wantFiles, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
-		t.Errorf("spec folder: one spec per holder, no temporary files (-want +got):\n%s", diff)
+	wantFiles := []string{handoff.SpecFileName(handoff.DeviceName(ids))}
+	for _, when := range []string{"", " after collection"} {
+		if when != "" {
+			f.alloc.t.ClaimTTL = 0
+			f.alloc.gc(context.Background())
+		}
+		if diff := cmp.Diff(wantFiles, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+			t.Errorf("spec folder%s: one file for the IDs, no temporary files (-want +got):\n%s", when, diff)
+		}
+		if spec := f.readSpec(ids...); len(spec.Devices) != 1 || spec.Devices[0].Name != names[1] {
+			t.Errorf("the IDs' spec file%s defines %+v; want the current holder's device %s only", when, spec.Devices, names[1])
+		}
+	}
+}
+
+// TestHolderFileOfTheReleaseBefore: the release before wrote each holder's
+// spec into a file of the holder's own. A container it allocated keeps
+// that file (a second file defining the same device would make the
+// runtime refuse both), and collection keeps it while the container holds
+// the devices, and removes the file of a holder that no longer does.
+func TestHolderFileOfTheReleaseBefore(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	ids := []string{DeviceID(gpuA, 1)}
+	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main"))
+	cresp, err := f.allocate(ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")
+	gone := handoff.HolderName(handoff.DeviceName([]string{DeviceID(gpuB, 2)}), "0123456789ab")
+	for _, n := range []string{name, gone} {
+		old, err := handoff.BuildSpec(n, handoff.Edits{Env: []handoff.EnvVar{{Name: handoff.EnvPod, Value: "default/written-before"}}})
+		if err == nil {
+			err = handoff.WriteSpec(f.cfg.CDISpecDir, old)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.podRes.hold("default", "p", "main", ids...)
+	if err := f.preStart(ids...); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{handoff.SpecFileName(name), handoff.SpecFileName(gone)}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+		t.Errorf("spec folder: the holder's own file rewritten, no file for the IDs (-want +got):\n%s", diff)
+	}
+	if got := envValue(f.inject(handoff.CDIQualifiedName(name)).Process.Env, handoff.EnvPod); got != "default/p" {
+		t.Errorf("%s resolves to pod %q, want default/p", name, got)
 	}
 	f.alloc.t.ClaimTTL = 0
 	f.alloc.gc(context.Background())
-	if diff := cmp.Diff([]string{handoff.SpecFileName(names[1])}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
-		t.Errorf("spec folder after collection: the holder's spec only (-want +got):\n%s", diff)
+	if diff := cmp.Diff([]string{handoff.SpecFileName(name)}, readDirNames(t, f.cfg.CDISpecDir)); diff != "" {
+		t.Errorf("spec folder after collection (-want +got):\n%s", diff)
 	}
 }
 
@@ -285,7 +332,7 @@ func TestHoldingSurvivesRestart(t *testing.T) {
 		}
 	}
 	want := []string{
-		handoff.SpecFileName(name),
+		handoff.SpecFileName(handoff.DeviceName(ids)),
 		handoff.SpecFileName(handoff.DeviceName(legacy)),
 	}
 	slices.Sort(want)

@@ -96,9 +96,11 @@ func (a *allocator) runGC(ctx context.Context) {
 	}
 }
 
-// gc removes the CDI specs no container holds (by their holder's name: a
-// previous holder's spec goes too), and the bindings and holdings of
-// devices that no container holds any more, once they are older than
+// gc removes the CDI spec files of device IDs no container holds (a file
+// of the IDs' key, or of a holder's own name as the release before wrote
+// them: a previous holder's own file goes too), and the bindings and
+// holdings of devices that no container holds any more, once they are
+// older than
 // ClaimTTL (a spec written at Allocate or PreStartContainer must outlive
 // the container's creation), and
 // drops old offers. Without a PodResources answer it removes nothing. It
@@ -111,8 +113,10 @@ func (a *allocator) gc(ctx context.Context) {
 	}
 	live, names := map[string]bool{}, map[string]bool{}
 	for _, ids := range containerDevices(pods, a.cfg.ResourceName) {
-		live[handoff.DeviceName(ids)] = true
-		names[a.cdiDeviceOf(ids)] = true
+		key := handoff.DeviceName(ids)
+		live[key] = true
+		names[key] = true                // the IDs' spec file (specFile)
+		names[a.cdiDeviceOf(ids)] = true // a holder's own file, of the release before
 	}
 	now := a.clock.Now()
 	cutoff := now.Add(-a.t.ClaimTTL)

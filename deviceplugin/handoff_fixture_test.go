@@ -328,10 +328,10 @@ func (f *handoffFixture) event() string {
 	}
 }
 
-// readSpec reads the spec file of the CDI device of ids' holder.
+// readSpec reads the spec file of ids (the plugin's specFile).
 func (f *handoffFixture) readSpec(ids ...string) *cdispecs.Spec {
 	f.t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(f.alloc.cdiDeviceOf(ids))))
+	data, err := os.ReadFile(filepath.Join(f.cfg.CDISpecDir, f.alloc.specFile(handoff.DeviceName(ids), f.alloc.cdiDeviceOf(ids))))
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -30,11 +30,11 @@ func (f *handoffFixture) admitOne(size int32) (ids []string, name string) {
 	return ids, strings.TrimPrefix(cresp.GetCdiDevices()[0].GetName(), handoff.CDIKind+"=")
 }
 
-// specInode returns the inode of name's spec file: a rewrite (a new file
-// renamed into place) changes it.
-func (f *handoffFixture) specInode(name string) uint64 {
+// specInode returns the inode of the spec file of ids: a rewrite (a new
+// file renamed into place) changes it.
+func (f *handoffFixture) specInode(ids []string) uint64 {
 	f.t.Helper()
-	info, err := os.Stat(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(name)))
+	info, err := os.Stat(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(handoff.DeviceName(ids))))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestAllocatePreparesTheSpec(t *testing.T) {
 	f.addPod(gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main"))
 	ids, name := f.admitOne(1)
 	f.alloc.drain()
-	if !handoff.SpecExists(f.cfg.CDISpecDir, name) {
+	if !handoff.SpecDefines(f.cfg.CDISpecDir, handoff.SpecFileName(handoff.DeviceName(ids)), name) {
 		t.Fatalf("no spec for %s after Allocate's background write; folder has %v", name, readDirNames(t, f.cfg.CDISpecDir))
 	}
 	data, err := os.ReadFile(filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName))
@@ -76,12 +76,12 @@ func TestAllocatePreparesTheSpec(t *testing.T) {
 		t.Errorf("prepared spec: pod, UID, memory limit (-want +got):\n%s", diff)
 	}
 
-	inode := f.specInode(name)
+	inode := f.specInode(ids)
 	f.podRes.hold("default", "p", "main", ids...)
 	if err := f.preStart(ids...); err != nil {
 		t.Fatalf("start of the container the spec was prepared for: %v", err)
 	}
-	if f.specInode(name) != inode {
+	if f.specInode(ids) != inode {
 		t.Error("the start rewrote the spec prepared for its container")
 	}
 	if f.alloc.claims, err = loadClaimStore(filepath.Join(f.cfg.EffectiveStateDir(), checkpointFileName)); err != nil {
@@ -90,7 +90,7 @@ func TestAllocatePreparesTheSpec(t *testing.T) {
 	if err := f.preStart(ids...); err != nil {
 		t.Fatalf("restart of the container after a plugin restart: %v", err)
 	}
-	if f.specInode(name) != inode {
+	if f.specInode(ids) != inode {
 		t.Error("a start after a plugin restart rewrote the spec prepared for its container")
 	}
 	if diff := cmp.Diff(want, env(f.inject(handoff.CDIQualifiedName(name)))); diff != "" {
@@ -108,8 +108,8 @@ func TestAllocatePreparesOnlyForTheOnlyPendingContainer(t *testing.T) {
 	f.addPod(gpuPod("q", now.Add(time.Second), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main"))
 	ids, name := f.admitOne(1)
 	f.alloc.drain()
-	if handoff.SpecExists(f.cfg.CDISpecDir, name) {
-		t.Fatalf("Allocate wrote a spec for %s although two containers were pending", name)
+	if names := readDirNames(t, f.cfg.CDISpecDir); len(names) != 0 {
+		t.Fatalf("Allocate wrote a spec for %s although two containers were pending: %v", name, names)
 	}
 	f.podRes.hold("default", "p", "main", ids...)
 	if err := f.preStart(ids...); err != nil {
@@ -126,8 +126,9 @@ func TestAllocatePreparesOnlyForTheOnlyPendingContainer(t *testing.T) {
 // spec prepared and written for the offer's container refuses the
 // container that starts, for good, with an event saying to create the pod
 // again: a runtime may serve the prepared edits under that name. While the
-// prepared spec is not written yet, the starting container takes the name
-// over and starts with its own slice.
+// prepared spec is not written yet (the IDs' file still defines the
+// previous holder's device), the starting container takes the name over
+// and starts with its own slice.
 func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 	for _, written := range []bool{true, false} {
 		t.Run(map[bool]string{true: "written", false: "not yet written"}[written], func(t *testing.T) {
@@ -136,8 +137,14 @@ func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 			f.podRes.admit("default", "y")
 			ids, name := f.admitOne(1)
 			f.alloc.drain()
+			key := handoff.DeviceName(ids)
 			if !written {
-				if err := os.Remove(filepath.Join(f.cfg.CDISpecDir, handoff.SpecFileName(name))); err != nil {
+				// The IDs' file still defines the previous holder's device.
+				prev, err := handoff.BuildSpec(handoff.HolderName(key, "0123456789ab"), handoff.Edits{Env: []handoff.EnvVar{{Name: handoff.EnvPod, Value: "default/previous"}}})
+				if err == nil {
+					_, err = handoff.UpdateSpecFile(f.cfg.CDISpecDir, handoff.SpecFileName(key), prev)
+				}
+				if err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -162,8 +169,8 @@ func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 			if err != nil {
 				t.Fatalf("start of y while the spec prepared for x is not written: %v", err)
 			}
-			if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/y" {
-				t.Errorf("spec names %q, want default/y", got)
+			if spec := f.readSpec(ids...); len(spec.Devices) != 1 || spec.Devices[0].Name != name || envValue(specEnv(spec), handoff.EnvPod) != "default/y" {
+				t.Errorf("the IDs' spec file defines %+v; want %s for default/y", spec.Devices, name)
 			}
 			h, _ := f.alloc.claims.holding(handoff.DeviceName(ids))
 			if h.For == nil || h.For.Ref.Pod != "y" {

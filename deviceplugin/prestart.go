@@ -78,7 +78,8 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 }
 
 // writeSpec makes the CDI spec under the name Allocate gave ref, the
-// holder of ids (on gpus, as checkIDs returns them), give it its slice. It
+// holder of ids (on gpus, as checkIDs returns them), in the IDs' spec file
+// (specFile), give it its slice. It
 // is checked on every start, since the pod of that name may be another one
 // than at the last start, and written when missing or different
 // (handoff.UpdateSpec): a spec Allocate prepared for this container
@@ -101,12 +102,13 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "build the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
 	}
-	unlock := a.specLocks.lock(name)
+	unlock := a.specLocks.lock(key)
 	defer unlock()
-	if err := a.prepared(key, name, ref, pod); err != nil {
+	file := a.specFile(key, name)
+	if err := a.prepared(key, name, file, ref, pod); err != nil {
 		return err
 	}
-	written, err := handoff.UpdateSpec(a.cfg.CDISpecDir, spec)
+	written, err := handoff.UpdateSpecFile(a.cfg.CDISpecDir, file, spec)
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "write the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
 	}
@@ -118,22 +120,22 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	return nil
 }
 
-// prepared checks, with name's spec lock held, the spec Allocate prepared
-// under name (the holding of key) against ref of pod, the container
-// starting: nil when none was prepared or it is ref's. One prepared for
-// another container (GetPreferredAllocation's offer was not the container
-// the kubelet admitted) refuses the start for good once its file exists,
-// because a runtime that caches specs may keep serving those edits under
-// the name the kubelet gave this container at Allocate; the pod has to be
-// created again. While the file does not exist, ref takes the name over
-// (checkpointed before the spec is written) and the prepared spec is never
-// written.
-func (a *allocator) prepared(key, name string, ref containerRef, pod *corev1.Pod) error {
+// prepared checks, with key's spec lock held, the spec Allocate prepared
+// under name (the holding of key, in file) against ref of pod, the
+// container starting: nil when none was prepared or it is ref's. One
+// prepared for another container (GetPreferredAllocation's offer was not
+// the container the kubelet admitted) refuses the start for good once
+// written (file defines name), because a runtime that caches specs may
+// keep serving those edits under the name the kubelet gave this container
+// at Allocate; the pod has to be created again. While it is not written,
+// ref takes the name over (checkpointed before the spec is written) and
+// the prepared spec is never written.
+func (a *allocator) prepared(key, name, file string, ref containerRef, pod *corev1.Pod) error {
 	h, ok := a.claims.holding(key)
 	if !ok || h.Name != name || h.For == nil || h.For.is(ref, pod.UID) {
 		return nil
 	}
-	if handoff.SpecExists(a.cfg.CDISpecDir, name) {
+	if handoff.SpecDefines(a.cfg.CDISpecDir, file, name) {
 		return refuse(ReasonAllocationMismatch, ref, pod,
 			"CDI device %s was prepared at Allocate for container %s of pod UID %s, but the kubelet starts it for this container of pod UID %s: the container runtime may keep the other container's edits under that name, so this container cannot start with these devices; delete the pod so that it is created again",
 			handoff.CDIQualifiedName(name), h.For.Ref, h.For.PodUID, pod.UID)

@@ -129,20 +129,22 @@ func BuildSpec(name string, e Edits) (*cdispecs.Spec, error) {
 // dir. The CDI library reads and validates the new file before it takes
 // the old one's place, so a runtime never sees a spec it would reject.
 func WriteSpec(dir string, spec *cdispecs.Spec) error {
-	_, err := writeSpec(dir, spec, false)
+	_, err := writeSpec(dir, "", spec, false)
 	return err
 }
 
-// UpdateSpec is WriteSpec, except that a spec file that already holds
-// exactly spec is left alone (false): every rewrite makes a container
-// runtime that watches dir read all its specs again.
-func UpdateSpec(dir string, spec *cdispecs.Spec) (bool, error) {
-	return writeSpec(dir, spec, true)
+// UpdateSpecFile is WriteSpec into dir/file (a name SpecFileName made,
+// which may be another device's than spec's), except that a file that
+// already holds exactly spec is left alone (false): every rewrite makes a
+// container runtime that watches dir read all its specs again.
+func UpdateSpecFile(dir, file string, spec *cdispecs.Spec) (bool, error) {
+	return writeSpec(dir, file, spec, true)
 }
 
-// writeSpec does WriteSpec's work; keep leaves a file that holds exactly
-// spec alone, and the result says whether the file was written.
-func writeSpec(dir string, spec *cdispecs.Spec, keep bool) (bool, error) {
+// writeSpec does WriteSpec's work into dir/file ("": the file of spec's
+// device); keep leaves a file that holds exactly spec alone, and the result
+// says whether the file was written.
+func writeSpec(dir, file string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	if len(spec.Devices) != 1 {
 		return false, fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
 	}
@@ -150,7 +152,9 @@ func writeSpec(dir string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("encode CDI spec: %w", err)
 	}
-	file := SpecFileName(spec.Devices[0].Name)
+	if file == "" {
+		file = SpecFileName(spec.Devices[0].Name)
+	}
 	if keep {
 		if old, err := os.ReadFile(filepath.Join(dir, file)); err == nil && bytes.Equal(old, data) { //nolint:gosec // G304: a spec file of the plugin's own folder.
 			return false, nil
@@ -166,8 +170,22 @@ func writeSpec(dir string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	return err == nil, err
 }
 
-// SpecExists reports whether dir may have a spec file for CDI device
-// name: true unless a look finds none.
+// SpecDefines reports whether dir/file may define CDI device name: true
+// unless the file is missing, or was read and defines another device.
+func SpecDefines(dir, file, name string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, file)) //nolint:gosec // G304: a spec file of the plugin's own folder.
+	if errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	var spec cdispecs.Spec
+	if err != nil || json.Unmarshal(data, &spec) != nil {
+		return true
+	}
+	return slices.ContainsFunc(spec.Devices, func(d cdispecs.Device) bool { return d.Name == name })
+}
+
+// SpecExists reports whether dir may have a file named after CDI device
+// name (SpecFileName): true unless a look finds none.
 func SpecExists(dir, name string) bool {
 	_, err := os.Stat(filepath.Join(dir, SpecFileName(name)))
 	return !errors.Is(err, os.ErrNotExist)
