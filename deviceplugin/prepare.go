@@ -30,7 +30,8 @@ func (l *specLocks) lock(key string) func() {
 // (containerd 2.x) then has the whole time from admission to the
 // container's creation to read it, instead of the moment between
 // PreStartContainer and CreateContainer; a spec it has not read fails the
-// start (unresolvable CDI device) and the kubelet retries it after 10 s.
+// start (unresolvable CDI device), and the kubelet retries it after up to
+// 10 s.
 //
 // The checkpoint records c as the spec's container (holding.For) before the
 // spec is written, so a restarted plugin knows the spec under that name is
