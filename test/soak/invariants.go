@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +21,8 @@ import (
 
 const (
 	// cdiSpecPrefix starts the name of every CDI spec file the device plugin writes
-	// (gpuslice.io-vgpu_<device>.json); cdiDevicePrefix every CDI device it names.
+	// (gpuslice.io-vgpu_<key of the device IDs>.json; a release before named it after the
+	// device); cdiDevicePrefix every CDI device it names.
 	cdiSpecPrefix   = "gpuslice.io-vgpu_"
 	cdiDevicePrefix = "gpuslice.io/vgpu="
 	// cdiSpecLife is how long a spec no live container uses may stay: the plugin removes such
@@ -265,8 +267,9 @@ func (s *soak) checkCDISpecs(holding []corev1.Pod) {
 	s.specUnusedSince = unused
 }
 
-// unusedSpecs returns, by path, when each of the plugin's spec files in dir whose device is not
-// in live was last written.
+// unusedSpecs returns, by path, when each of the plugin's spec files in dir that defines no device
+// in live was last written. The plugin keeps one file per set of device IDs, which each holder of
+// the IDs rewrites with its own device, so the devices are read from the file, not its name.
 func unusedSpecs(dir string, live map[string]bool) map[string]time.Time {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -274,13 +277,38 @@ func unusedSpecs(dir string, live map[string]bool) map[string]time.Time {
 	}
 	out := map[string]time.Time{}
 	for _, e := range entries {
-		device, ok := strings.CutPrefix(strings.TrimSuffix(e.Name(), ".json"), cdiSpecPrefix)
-		if !ok || live[device] {
+		if !strings.HasPrefix(e.Name(), cdiSpecPrefix) || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if slices.ContainsFunc(specDevices(path), func(d string) bool { return live[d] }) {
 			continue
 		}
 		if info, err := e.Info(); err == nil {
-			out[filepath.Join(dir, e.Name())] = info.ModTime()
+			out[path] = info.ModTime()
 		}
 	}
 	return out
+}
+
+// specDevices returns the names of the devices the CDI spec file at path defines; none when it
+// cannot be read (removed meanwhile).
+func specDevices(path string) []string {
+	data, err := os.ReadFile(path) //nolint:gosec // G304: a spec file of the cluster's own node folder.
+	if err != nil {
+		return nil
+	}
+	var spec struct {
+		Devices []struct {
+			Name string `json:"name"`
+		} `json:"devices"`
+	}
+	if json.Unmarshal(data, &spec) != nil {
+		return nil
+	}
+	names := make([]string, 0, len(spec.Devices))
+	for _, d := range spec.Devices {
+		names = append(names, d.Name)
+	}
+	return names
 }
