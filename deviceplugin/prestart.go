@@ -77,15 +77,14 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	return ResultSuccess, nil
 }
 
-// writeSpec makes the CDI spec under the name Allocate gave ref, the
-// holder of ids (on gpus, as checkIDs returns them), in the IDs' spec file
-// (specFile), give it its slice. It
-// is checked on every start, since the pod of that name may be another one
-// than at the last start, and written when missing or different
-// (handoff.UpdateSpec): a spec Allocate prepared for this container
-// (prepare) is left alone, so the runtime's cache keeps what it read. A
-// spec prepared for another container refuses the start for good once
-// written: the runtime may have read those edits under the name this
+// writeSpec makes the IDs' spec file (specFile) define the CDI device name
+// Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them),
+// with ref's slice. It is checked on every start, since the pod of that
+// name may be another one than at the last start, and written when missing
+// or different (handoff.UpdateSpecFile): a spec Allocate prepared for this
+// container (prepare) is left alone, so the runtime's cache keeps what it
+// read. A spec prepared for another container refuses the start for good
+// once written: the runtime may have read those edits under the name this
 // container asks for (prepared).
 func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
 	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
