@@ -139,29 +139,38 @@ func (a *allocator) allocateAll(ctx context.Context, req *pluginapi.AllocateRequ
 			if cresp, err = a.allocateEnv(ctx, ids, gpus, device); err != nil {
 				return nil, err
 			}
-		} else {
-			offered, err := a.requireAllocation(ctx, ids, gpus)
-			if err != nil {
-				return nil, err
-			}
-			key := device
-			var prepared *specOwner
-			if offered != nil {
-				prepared = &specOwner{Ref: offered.Ref, PodUID: offered.Pod.UID}
-			}
-			device = a.claims.hold(ids, a.clock.Now(), prepared)
-			if offered != nil {
-				a.prepare(key, device, *offered)
-			}
-			cresp = &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(device)}}}
-			for _, name := range a.nvidiaDevicesFor(gpus) {
-				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: name})
-			}
+		} else if cresp, device, err = a.allocateCDI(ctx, ids, gpus, device); err != nil {
+			return nil, err
 		}
 		a.logger.V(2).Info("Allocate", "devices", ids, "gpus", gpus, "mode", a.cfg.Mode, "cdiDevice", device)
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
 	return resp, nil
+}
+
+// allocateCDI answers Allocate in mode cdi for ids (on gpus; key is their
+// handoff.DeviceName): it checks them (requireAllocation), gives their
+// holder a CDI device name of its own (claimStore.hold), prepares its spec
+// when the offer named the container (prepare), and returns the answer and
+// the name.
+func (a *allocator) allocateCDI(ctx context.Context, ids, gpus []string, key string) (*pluginapi.ContainerAllocateResponse, string, error) {
+	offered, err := a.requireAllocation(ctx, ids, gpus)
+	if err != nil {
+		return nil, "", err
+	}
+	var prepared *specOwner
+	if offered != nil {
+		prepared = &specOwner{Ref: offered.Ref, PodUID: offered.Pod.UID}
+	}
+	name := a.claims.hold(ids, a.clock.Now(), prepared)
+	if offered != nil {
+		a.prepare(key, name, *offered)
+	}
+	cresp := &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(name)}}}
+	for _, nvidia := range a.nvidiaDevicesFor(gpus) {
+		cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: nvidia})
+	}
+	return cresp, name, nil
 }
 
 // requireAllocation makes a mode-cdi Allocate refuse devices that the

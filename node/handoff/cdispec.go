@@ -170,18 +170,33 @@ func writeSpec(dir, file string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	return err == nil, err
 }
 
+// SpecDevices returns the names of the devices the spec file at path
+// defines: an error wrapping os.ErrNotExist when there is no such file, or
+// another when it cannot be read or decoded.
+func SpecDevices(path string) ([]string, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // G304: a spec file of a CDI spec folder.
+	if err != nil {
+		return nil, err
+	}
+	var spec cdispecs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("CDI spec %s: %w", path, err)
+	}
+	names := make([]string, 0, len(spec.Devices))
+	for _, d := range spec.Devices {
+		names = append(names, d.Name)
+	}
+	return names, nil
+}
+
 // SpecDefines reports whether dir/file may define CDI device name: true
 // unless the file is missing, or was read and defines another device.
 func SpecDefines(dir, file, name string) bool {
-	data, err := os.ReadFile(filepath.Join(dir, file)) //nolint:gosec // G304: a spec file of the plugin's own folder.
-	if errors.Is(err, os.ErrNotExist) {
-		return false
+	names, err := SpecDevices(filepath.Join(dir, file))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
 	}
-	var spec cdispecs.Spec
-	if err != nil || json.Unmarshal(data, &spec) != nil {
-		return true
-	}
-	return slices.ContainsFunc(spec.Devices, func(d cdispecs.Device) bool { return d.Name == name })
+	return slices.Contains(names, name)
 }
 
 // SpecExists reports whether dir may have a file named after CDI device

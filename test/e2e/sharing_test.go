@@ -91,7 +91,11 @@ func TestSixtyPodsGetExactlyTheirOwnSlice(t *testing.T) {
 		t.Logf("round %d: %d Running, %d Pending, %d mismatches, settled in %v", round, len(out.running), len(out.pending), len(bad), time.Since(began).Round(time.Millisecond))
 		deleteAll(t, c)
 	}
-	t.Logf("mismatches over all rounds: %d; %s; %s", mismatches, unresolvedStarts(context.Background(), t, c), specWrites(t, metrics...))
+	var samples []map[string]float64
+	for _, url := range metrics {
+		samples = append(samples, metricstest.Scrape(t, nil, url))
+	}
+	t.Logf("mismatches over all rounds: %d; %s; %s", mismatches, unresolvedStarts(context.Background(), t, c), specWrites(samples...))
 }
 
 // TestBurstRatio is proof 2: 40 GPU pods onto one 8-GPU node reach Running; the time is reported
@@ -178,19 +182,17 @@ func logPluginCalls(t *testing.T, what, url string, burst time.Duration) {
 		parts = append(parts, fmt.Sprintf("%s %.0f calls, %.1f ms mean", call, n, mean))
 	}
 	t.Logf("%s: device plugin: %s; the kubelet's one-at-a-time admission waited %.2f s for it in all, of the burst's %.2f s (container starts run in parallel); %s",
-		what, strings.Join(parts, "; "), admission, burst.Seconds(), specWrites(t, url))
+		what, strings.Join(parts, "; "), admission, burst.Seconds(), specWrites(samples))
 }
 
-// specWrites says how many CDI specs the device plugins at urls (their /metrics) wrote at
-// Allocate (prepared for the container the kubelet admitted) and at PreStartContainer.
-func specWrites(t *testing.T, urls ...string) string {
-	t.Helper()
+// specWrites says how many CDI specs device plugins wrote at Allocate (prepared for the container
+// the kubelet admitted) and at PreStartContainer, from their /metrics samples (metricstest.Scrape).
+func specWrites(samples ...map[string]float64) string {
 	var allocated, prepared, atStart float64
-	for _, url := range urls {
-		samples := metricstest.Scrape(t, nil, url)
-		allocated += samples[metricstest.Series(deviceplugin.MetricAllocate, "result", deviceplugin.ResultSuccess)]
-		prepared += samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallAllocate)]
-		atStart += samples[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallPreStartContainer)]
+	for _, s := range samples {
+		allocated += s[metricstest.Series(deviceplugin.MetricAllocate, "result", deviceplugin.ResultSuccess)]
+		prepared += s[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallAllocate)]
+		atStart += s[metricstest.Series(deviceplugin.MetricSpecWrites, "call", deviceplugin.CallPreStartContainer)]
 	}
 	return fmt.Sprintf("of %.0f Allocate answers, CDI specs written at Allocate %.0f, at PreStartContainer %.0f", allocated, prepared, atStart)
 }

@@ -105,47 +105,58 @@ func startServer(t *testing.T, records string, opts Options) (runtimeapi.Runtime
 	return client, sandbox.GetPodSandboxId(), sandboxCfg
 }
 
+// cdiServer is a server that resolves CDI devices from a spec folder of its own.
+type cdiServer struct {
+	specDir, records string
+	client           runtimeapi.RuntimeServiceClient
+	sandboxID        string
+	sandboxCfg       *runtimeapi.PodSandboxConfig
+}
+
 // startCDIServer starts a server that resolves CDI devices from a new, empty spec folder
-// (Options.CDIOnNotify: onNotify) and returns the folder, the record file and startServer's
-// results.
-func startCDIServer(t *testing.T, onNotify bool) (string, string, runtimeapi.RuntimeServiceClient, string, *runtimeapi.PodSandboxConfig) {
+// (Options.CDIOnNotify: onNotify).
+func startCDIServer(t *testing.T, onNotify bool) *cdiServer {
 	t.Helper()
 	dir := t.TempDir()
-	specDir := filepath.Join(dir, "cdi")
-	if err := os.Mkdir(specDir, 0o750); err != nil {
+	s := &cdiServer{specDir: filepath.Join(dir, "cdi"), records: filepath.Join(dir, "records.jsonl")}
+	if err := os.Mkdir(s.specDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	records := filepath.Join(dir, "records.jsonl")
-	client, sandboxID, sandboxCfg := startServer(t, records, Options{CDISpecDirs: []string{specDir}, CDIOnNotify: onNotify})
-	return specDir, records, client, sandboxID, sandboxCfg
+	s.client, s.sandboxID, s.sandboxCfg = startServer(t, s.records, Options{CDISpecDirs: []string{s.specDir}, CDIOnNotify: onNotify})
+	return s
+}
+
+// create creates container "c" (that attempt) of image "img" with envs and CDI device.
+func (s *cdiServer) create(ctx context.Context, attempt uint32, device string, envs ...*runtimeapi.KeyValue) error {
+	_, err := s.client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+		PodSandboxId:  s.sandboxID,
+		SandboxConfig: s.sandboxCfg,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata:   &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
+			Image:      &runtimeapi.ImageSpec{Image: "img"},
+			Envs:       envs,
+			CDIDevices: []*runtimeapi.CDIDevice{{Name: device}},
+		},
+	})
+	return err
 }
 
 // TestCreateContainerResolvesCDI checks that CDI devices are resolved against the spec files as
 // they are at each CreateContainer (a rewritten spec is seen at once), that the spec's env wins
 // over the container's own, and that an unknown device fails the call. Real: the CDI library.
 func TestCreateContainerResolvesCDI(t *testing.T) {
-	specDir, records, client, sandboxID, sandboxCfg := startCDIServer(t, false)
+	srv := startCDIServer(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	writeSpec := func(limit string) {
 		t.Helper()
 		spec := `{"cdiVersion":"0.6.0","kind":"example.com/vgpu","devices":[{"name":"d1","containerEdits":{"env":["LIMIT=` + limit + `","NVIDIA_VISIBLE_DEVICES=GPU-9"],"mounts":[{"hostPath":"/h/lib.so","containerPath":"/c/lib.so","options":["ro","bind"]}]}}]}`
-		if err := os.WriteFile(filepath.Join(specDir, "example.com-vgpu.json"), []byte(spec), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(srv.specDir, "example.com-vgpu.json"), []byte(spec), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	create := func(attempt uint32, device string) error {
-		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
-			PodSandboxId:  sandboxID,
-			SandboxConfig: sandboxCfg,
-			Config: &runtimeapi.ContainerConfig{
-				Metadata:   &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
-				Image:      &runtimeapi.ImageSpec{Image: "img"},
-				Envs:       []*runtimeapi.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: []byte("all")}, {Key: "A", Value: []byte("1")}},
-				CDIDevices: []*runtimeapi.CDIDevice{{Name: device}},
-			},
-		})
-		return err
+		return srv.create(ctx, attempt, device, &runtimeapi.KeyValue{Key: "NVIDIA_VISIBLE_DEVICES", Value: []byte("all")}, &runtimeapi.KeyValue{Key: "A", Value: []byte("1")})
 	}
 	writeSpec("100m")
 	if err := create(0, "example.com/vgpu=d1"); err != nil {
@@ -158,7 +169,7 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 	if err := create(2, "example.com/vgpu=missing"); err == nil {
 		t.Error("CreateContainer with an unknown CDI device succeeded; want an error")
 	}
-	got, err := ReadRecords(records)
+	got, err := ReadRecords(srv.records)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,26 +194,18 @@ func TestCreateContainerResolvesCDI(t *testing.T) {
 // folder at CreateContainer would see it; a change it reports is. Real: the CDI library and
 // inotify.
 func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
-	specDir, records, client, sandboxID, sandboxCfg := startCDIServer(t, true)
+	srv := startCDIServer(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	attempt := uint32(0)
 	// resolve creates a container with the device and returns the LIMIT it got.
 	resolve := func() (string, error) {
-		_, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
-			PodSandboxId:  sandboxID,
-			SandboxConfig: sandboxCfg,
-			Config: &runtimeapi.ContainerConfig{
-				Metadata:   &runtimeapi.ContainerMetadata{Name: "c", Attempt: attempt},
-				Image:      &runtimeapi.ImageSpec{Image: "img"},
-				CDIDevices: []*runtimeapi.CDIDevice{{Name: "example.com/vgpu=d1"}},
-			},
-		})
+		err := srv.create(ctx, attempt, "example.com/vgpu=d1")
 		attempt++
 		if err != nil {
 			return "", err
 		}
-		got, err := ReadRecords(records)
+		got, err := ReadRecords(srv.records)
 		if err != nil {
 			return "", err
 		}
@@ -226,7 +229,7 @@ func TestCreateContainerResolvesCDIOnNotify(t *testing.T) {
 		t.Fatalf("CreateContainer before any spec = %v; want unresolvable", err)
 	}
 	elsewhere := filepath.Join(t.TempDir(), "example.com-vgpu.json")
-	inFolder := filepath.Join(specDir, "example.com-vgpu.json")
+	inFolder := filepath.Join(srv.specDir, "example.com-vgpu.json")
 	if err := os.WriteFile(elsewhere, spec("100m"), 0o600); err != nil {
 		t.Fatal(err)
 	}

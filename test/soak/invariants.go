@@ -2,7 +2,6 @@ package soak
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpuslice/gpuslice/node/handoff"
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/test/fakecri"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -281,7 +281,9 @@ func unusedSpecs(dir string, live map[string]bool) map[string]time.Time {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		if slices.ContainsFunc(specDevices(path), func(d string) bool { return live[d] }) {
+		// A file that cannot be read (removed meanwhile) defines nothing in use.
+		names, _ := handoff.SpecDevices(path)
+		if slices.ContainsFunc(names, func(d string) bool { return live[d] }) {
 			continue
 		}
 		if info, err := e.Info(); err == nil {
@@ -289,26 +291,4 @@ func unusedSpecs(dir string, live map[string]bool) map[string]time.Time {
 		}
 	}
 	return out
-}
-
-// specDevices returns the names of the devices the CDI spec file at path defines; none when it
-// cannot be read (removed meanwhile).
-func specDevices(path string) []string {
-	data, err := os.ReadFile(path) //nolint:gosec // G304: a spec file of the cluster's own node folder.
-	if err != nil {
-		return nil
-	}
-	var spec struct {
-		Devices []struct {
-			Name string `json:"name"`
-		} `json:"devices"`
-	}
-	if json.Unmarshal(data, &spec) != nil {
-		return nil
-	}
-	names := make([]string, 0, len(spec.Devices))
-	for _, d := range spec.Devices {
-		names = append(names, d.Name)
-	}
-	return names
 }
