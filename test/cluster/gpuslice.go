@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -307,6 +308,21 @@ func webhookConfig(url string, caBundle []byte) *admissionregistrationv1.Mutatin
 // Process returns the latest process started under name (e.g. APIServerName, ExtenderName), or
 // nil. Use it when no start of that process is in progress.
 func (c *Cluster) Process(name string) *Process { return c.process(name) }
+
+// CPUTimes returns the CPU time each running process has used so far, by process name
+// ("kube-apiserver", "node-1/kubelet", ...); processes that have ended are left out.
+func (c *Cluster) CPUTimes() map[string]time.Duration {
+	c.mu.Lock()
+	procs := append([]*Process(nil), c.State.Processes...)
+	c.mu.Unlock()
+	out := map[string]time.Duration{}
+	for _, p := range procs {
+		if t, err := p.CPUTime(); err == nil {
+			out[p.Name] = t
+		}
+	}
+	return out
+}
 
 // process returns the running process named name, or nil.
 func (c *Cluster) process(name string) *Process {

@@ -1,20 +1,27 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/scale"
 )
 
 // sharingNodes are the two nodes of the sharing proof: 4 GPUs of 80 GiB each, 4 slices per GPU,
@@ -130,6 +137,9 @@ func TestBurstRatio(t *testing.T) {
 			p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 			pods = append(pods, p)
 		}
+		phases := watchPhases(t, c, prefix+"-")
+		cpu := c.CPUTimes()
+		api := scrapeAPI(t, c)
 		began := time.Now()
 		createAll(t, c, pods)
 		out := waitSettled(t, c, prefix+"-", len(pods), 3*time.Minute)
@@ -142,7 +152,9 @@ func TestBurstRatio(t *testing.T) {
 				t.Error(b)
 			}
 		}
-		logPhases(t, prefix, out.running)
+		phases.log(t, prefix, began)
+		logCPU(t, prefix, cpu, c.CPUTimes())
+		logAPI(t, prefix, api, scrapeAPI(t, c))
 		t.Logf("%s: 40 pods Running in %v", prefix, took.Round(time.Millisecond))
 		if gpu {
 			logPluginCalls(t, prefix, metrics[node], took)
@@ -197,33 +209,128 @@ func specWrites(samples ...map[string]float64) string {
 	return fmt.Sprintf("of %.0f Allocate answers, CDI specs written at Allocate %.0f, at PreStartContainer %.0f", allocated, prepared, atStart)
 }
 
-// logPhases logs, over pods, the slowest time from creation to binding (condition PodScheduled)
-// and from binding to Running (condition Ready), to show where a burst spends its time.
-func logPhases(t *testing.T, what string, pods []corev1.Pod) {
+// logCPU logs the CPU time the cluster's processes used between two CPUTimes snapshots, summed
+// over nodes by component (every node's kubelet as "kubelet"), largest first: the bursts share
+// the machine's cores, so CPU one component spends is time another waits.
+func logCPU(t *testing.T, what string, before, after map[string]time.Duration) {
 	t.Helper()
-	var toBind, toRun []time.Duration
-	for _, p := range pods {
-		var scheduled, ready time.Time
-		for _, c := range p.Status.Conditions {
-			switch c.Type {
-			case corev1.PodScheduled:
-				scheduled = c.LastTransitionTime.Time
-			case corev1.PodReady:
-				ready = c.LastTransitionTime.Time
+	used := map[string]time.Duration{}
+	var total time.Duration
+	for name, at := range after {
+		d := at - before[name]
+		if _, component, ok := strings.Cut(name, "/"); ok {
+			name = component
+		}
+		used[name] += d
+		total += d
+	}
+	names := slices.Collect(maps.Keys(used))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(used[b], used[a]), strings.Compare(a, b)) })
+	var parts []string
+	for _, name := range names {
+		if used[name] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %v", name, used[name].Round(10*time.Millisecond)))
+		}
+	}
+	t.Logf("%s: CPU used by the cluster %v: %s", what, total.Round(10*time.Millisecond), strings.Join(parts, ", "))
+}
+
+// scrapeAPI reads the API server's count of the requests it served, by kind.
+func scrapeAPI(t *testing.T, c *cluster.Cluster) scale.Requests {
+	t.Helper()
+	r, err := scale.ScrapeAPIRequests(context.Background(), c.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// logAPI logs the API requests served between two scrapeAPI counts: the total and the ten most
+// frequent kinds (the second scrape's own GET /metrics included).
+func logAPI(t *testing.T, what string, before, after scale.Requests) {
+	t.Helper()
+	d := after.Sub(before)
+	var parts []string
+	for _, k := range d.Top(10) {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, d[k]))
+	}
+	t.Logf("%s: API requests %.0f: %s", what, d.Total(), strings.Join(parts, ", "))
+}
+
+// phaseClock records when this process first saw each pod whose name starts with prefix created,
+// bound and Running, through a watch started before the pods are created: the API server's
+// condition times are whole seconds, too coarse to split a burst of one or two seconds.
+type phaseClock struct {
+	mu                      sync.Mutex
+	created, bound, running map[string]time.Time
+	stop                    context.CancelFunc
+}
+
+// watchPhases starts a phaseClock for prefix and waits until its watch has listed; stop it with
+// its log method.
+func watchPhases(t *testing.T, c *cluster.Cluster, prefix string) *phaseClock {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pc := &phaseClock{created: map[string]time.Time{}, bound: map[string]time.Time{}, running: map[string]time.Time{}, stop: cancel}
+	see := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || !strings.HasPrefix(p.Name, prefix) {
+			return
+		}
+		now := time.Now()
+		pc.mu.Lock()
+		defer pc.mu.Unlock()
+		first := func(m map[string]time.Time) {
+			if _, ok := m[p.Name]; !ok {
+				m[p.Name] = now
 			}
 		}
-		if scheduled.IsZero() || ready.IsZero() {
+		first(pc.created)
+		if p.Spec.NodeName != "" {
+			first(pc.bound)
+		}
+		if p.Status.Phase == corev1.PodRunning {
+			first(pc.running)
+		}
+	}
+	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: cache.NewListWatchFromClient(c.Client().CoreV1().RESTClient(), "pods", metav1.NamespaceDefault, fields.Everything()),
+		ObjectType:    &corev1.Pod{},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    see,
+			UpdateFunc: func(_, obj any) { see(obj) },
+		},
+	})
+	go informer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		t.Fatalf("%s: the pod watch did not list", prefix)
+	}
+	return pc
+}
+
+// log stops the clock and logs, from began (the first create), when the pods were seen created,
+// bound and Running (median and last of each), to show where a burst spends its time.
+func (pc *phaseClock) log(t *testing.T, what string, began time.Time) {
+	t.Helper()
+	pc.stop()
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var parts []string
+	for _, phase := range []struct {
+		name string
+		at   map[string]time.Time
+	}{{"created", pc.created}, {"bound", pc.bound}, {"Running", pc.running}} {
+		var since []time.Duration
+		for _, at := range phase.at {
+			since = append(since, at.Sub(began))
+		}
+		if len(since) == 0 {
+			parts = append(parts, phase.name+" none")
 			continue
 		}
-		toBind = append(toBind, scheduled.Sub(p.CreationTimestamp.Time))
-		toRun = append(toRun, ready.Sub(scheduled))
+		slices.Sort(since)
+		parts = append(parts, fmt.Sprintf("%s median %v, last %v", phase.name, since[len(since)/2].Round(time.Millisecond), since[len(since)-1].Round(time.Millisecond)))
 	}
-	slices.Sort(toBind)
-	slices.Sort(toRun)
-	if len(toBind) == 0 {
-		return
-	}
-	mid := len(toBind) / 2
-	t.Logf("%s: created→bound median %v, slowest %v; bound→Ready median %v, slowest %v (whole seconds on the wire)",
-		what, toBind[mid], toBind[len(toBind)-1], toRun[mid], toRun[len(toRun)-1])
+	t.Logf("%s: seen by a watch, from the first create: %s", what, strings.Join(parts, "; "))
 }

@@ -83,8 +83,8 @@ func (r Requests) Top(n int) []Request {
 	return keys[:min(n, len(keys))]
 }
 
-// sub returns r − before, per kind.
-func (r Requests) sub(before Requests) Requests {
+// Sub returns r − before, per kind.
+func (r Requests) Sub(before Requests) Requests {
 	out := Requests{}
 	for k, v := range r {
 		if d := v - before[k]; d != 0 {
@@ -94,9 +94,9 @@ func (r Requests) sub(before Requests) Requests {
 	return out
 }
 
-// scrapeAPIServer reads apiserver_request_total from the API server's /metrics, summed over
+// ScrapeAPIRequests reads apiserver_request_total from the API server's /metrics, summed over
 // every label but verb, resource and subresource.
-func scrapeAPIServer(ctx context.Context, client kubernetes.Interface) (Requests, error) {
+func ScrapeAPIRequests(ctx context.Context, client kubernetes.Interface) (Requests, error) {
 	body, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("GET kube-apiserver /metrics: %w", err)

@@ -99,7 +99,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	if timeout == 0 {
 		timeout = DefaultPhaseTimeout
 	}
-	apiBefore, err := scrapeAPIServer(ctx, h.client)
+	apiBefore, err := ScrapeAPIRequests(ctx, h.client)
 	if err != nil {
 		return res, err
 	}
@@ -137,7 +137,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 		res.Elapsed = timeout
 	}
 
-	apiAfter, err := scrapeAPIServer(ctx, h.client)
+	apiAfter, err := ScrapeAPIRequests(ctx, h.client)
 	if err != nil {
 		return res, err
 	}
@@ -145,7 +145,7 @@ func (h *Harness) RunPhase(ctx context.Context, p Phase) (PhaseResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.API = apiAfter.sub(apiBefore)
+	res.API = apiAfter.Sub(apiBefore)
 	res.ExtenderDurations = map[string]histogram{}
 	for verb, hist := range extAfter.durations {
 		res.ExtenderDurations[verb] = hist.sub(extBefore.durations[verb])

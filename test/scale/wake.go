@@ -161,7 +161,7 @@ func (h *Harness) measureChange(ctx context.Context, change func() error) (retri
 	}); err != nil {
 		return 0, 0, err
 	}
-	apiBefore, err := scrapeAPIServer(ctx, h.client)
+	apiBefore, err := ScrapeAPIRequests(ctx, h.client)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -173,7 +173,7 @@ func (h *Harness) measureChange(ctx context.Context, change func() error) (retri
 		return 0, 0, ctx.Err()
 	case <-time.After(wakeQuiet): // the absence of retries is what is measured
 	}
-	apiAfter, err := scrapeAPIServer(ctx, h.client)
+	apiAfter, err := ScrapeAPIRequests(ctx, h.client)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -181,7 +181,7 @@ func (h *Harness) measureChange(ctx context.Context, change func() error) (retri
 	if err != nil {
 		return 0, 0, err
 	}
-	d := apiAfter.sub(apiBefore)
+	d := apiAfter.Sub(apiBefore)
 	return extAfter.retries - extBefore.retries, d[Request{Verb: "PATCH", Resource: "pods"}], nil
 }
 
