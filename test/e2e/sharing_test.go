@@ -246,7 +246,7 @@ func scrapeAPI(t *testing.T, c *cluster.Cluster) scale.Requests {
 }
 
 // logAPI logs the API requests served between two scrapeAPI counts: the total and the ten most
-// frequent kinds (the second scrape's own GET /metrics included).
+// frequent kinds (the first scrape's own GET /metrics, counted once answered, included).
 func logAPI(t *testing.T, what string, before, after scale.Requests) {
 	t.Helper()
 	d := after.Sub(before)
