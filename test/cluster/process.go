@@ -92,14 +92,17 @@ func startProcess(name, path string, args, env []string, workDir, logPath string
 	return p, nil
 }
 
-// Exited reports whether the process has ended (for a Process from the state file: whether no
-// process with its PID and start time is alive).
+// Exited reports whether the process has ended: no process with its PID and start time is alive.
+// A zombie has ended: the process that started this one may not have reaped it yet (Down, from the
+// state file, stops a cluster whose processes this process started and still waits for).
 func (p *Process) Exited() bool {
 	if p.done != nil {
 		select {
 		case <-p.done:
 			return true
 		default:
+		}
+		if p.StartTime == 0 { // its start time could not be read: only the wait can tell
 			return false
 		}
 	}
