@@ -49,34 +49,71 @@ type podOutcome struct {
 
 // waitSettled waits until every pod whose name starts with prefix is Running, or is Pending and
 // unbound with a FailedScheduling event from the filters, and returns them split that way (each
-// part in name order).
-//
-// It follows the pods through one watch and lists FailedScheduling events only once every pod
-// is Running or unbound with a filter verdict in its PodScheduled condition (kube-scheduler
-// writes the event and the condition together, the event second): polling full lists of pods and
-// events every 100 ms cost the API server 10–90 ms a list during a 40-pod burst, taking CPU from
-// the components whose time the bursts measure.
+// part in name order). It follows the pods through a watch of its own (podWatch.settled).
 func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, timeout time.Duration) podOutcome {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	changed := make(chan struct{}, 1)
-	poke := func() {
+	w := watchPods(t, c, nil)
+	defer w.stop()
+	return w.settled(t, c, prefix, want, timeout)
+}
+
+// podWatch follows the default namespace's pods through one informer.
+type podWatch struct {
+	store    cache.Store
+	informer cache.Controller
+	changed  chan struct{} // has a value after a pod was added, updated or deleted
+	stop     context.CancelFunc
+}
+
+// watchPods starts a podWatch, stopped by its stop or t's cleanup. see, when not nil, is called
+// with each pod the watch adds or updates, as it arrives.
+func watchPods(t *testing.T, c *cluster.Cluster, see func(*corev1.Pod)) *podWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w := &podWatch{changed: make(chan struct{}, 1), stop: cancel}
+	on := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok && see != nil {
+			see(p)
+		}
 		select {
-		case changed <- struct{}{}:
+		case w.changed <- struct{}{}:
 		default:
 		}
 	}
-	store, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+	w.store, w.informer = cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: cache.NewListWatchFromClient(c.Client().CoreV1().RESTClient(), "pods", metav1.NamespaceDefault, fields.Everything()),
 		ObjectType:    &corev1.Pod{},
 		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { poke() },
-			UpdateFunc: func(any, any) { poke() },
-			DeleteFunc: func(any) { poke() },
+			AddFunc:    on,
+			UpdateFunc: func(_, obj any) { on(obj) },
+			DeleteFunc: on,
 		},
 	})
-	go informer.RunWithContext(ctx)
+	go w.informer.RunWithContext(ctx)
+	return w
+}
+
+// waitListed waits up to timeout until the watch has listed the pods, so that what it sees next
+// arrives as it happens.
+func (w *podWatch) waitListed(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+		t.Fatalf("the pod watch did not list within %v", timeout)
+	}
+}
+
+// settled is waitSettled on w: it lists FailedScheduling events only once every pod is Running
+// or unbound with a filter verdict in its PodScheduled condition (kube-scheduler writes the event
+// and the condition together, the event second): polling full lists of pods and events every
+// 100 ms cost the API server 10–90 ms a list during a 40-pod burst, taking CPU from the
+// components whose time the bursts measure.
+func (w *podWatch) settled(t *testing.T, c *cluster.Cluster, prefix string, want int, timeout time.Duration) podOutcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	// The event may be written after the pod's last change: look again now and then.
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
@@ -85,13 +122,13 @@ func waitSettled(t *testing.T, c *cluster.Cluster, prefix string, want int, time
 		select {
 		case <-ctx.Done():
 			t.Fatalf("%d pods %s* Running or Pending with a FailedScheduling event: not within %v (last: %s)", want, prefix, timeout, last)
-		case <-changed:
+		case <-w.changed:
 		case <-tick.C:
 		}
-		if !informer.HasSynced() {
+		if !w.informer.HasSynced() {
 			continue
 		}
-		out, done, seen := settledNow(ctx, t, c, store.List(), prefix, want)
+		out, done, seen := settledNow(ctx, t, c, w.store.List(), prefix, want)
 		if ctx.Err() == nil { // keep the last real observation, not the deadline's error
 			last = seen
 		}

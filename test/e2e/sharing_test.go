@@ -14,9 +14,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuslice/gpuslice/deviceplugin"
 	"github.com/gpuslice/gpuslice/internal/metricstest"
@@ -137,13 +134,17 @@ func TestBurstRatio(t *testing.T) {
 			p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 			pods = append(pods, p)
 		}
-		phases := watchPhases(t, c, prefix+"-")
+		// One watch both times the phases and waits for the pods to settle.
+		phases := newPhaseClock(prefix + "-")
+		w := watchPods(t, c, phases.see)
+		w.waitListed(t, time.Minute)
 		cpu := c.CPUTimes()
 		api := scrapeAPI(t, c)
 		began := time.Now()
 		createAll(t, c, pods)
-		out := waitSettled(t, c, prefix+"-", len(pods), 3*time.Minute)
+		out := w.settled(t, c, prefix+"-", len(pods), 3*time.Minute)
 		took := time.Since(began)
+		w.stop()
 		if len(out.pending) > 0 {
 			t.Errorf("%s: %d pods Pending, want all Running", prefix, len(out.pending))
 		}
@@ -257,63 +258,45 @@ func logAPI(t *testing.T, what string, before, after scale.Requests) {
 	t.Logf("%s: API requests %.0f: %s", what, d.Total(), strings.Join(parts, ", "))
 }
 
-// phaseClock records when this process first saw each pod whose name starts with prefix created,
-// bound and Running, through a watch started before the pods are created: the API server's
-// condition times are whole seconds, too coarse to split a burst of one or two seconds.
+// phaseClock records when a pod watch (its see) first saw each pod whose name starts with prefix
+// created, bound and Running: the API server's condition times are whole seconds, too coarse to
+// split a burst of one or two seconds.
 type phaseClock struct {
+	prefix                  string
 	mu                      sync.Mutex
 	created, bound, running map[string]time.Time
-	stop                    context.CancelFunc
 }
 
-// watchPhases starts a phaseClock for prefix and waits until its watch has listed; stop it with
-// its log method.
-func watchPhases(t *testing.T, c *cluster.Cluster, prefix string) *phaseClock {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	pc := &phaseClock{created: map[string]time.Time{}, bound: map[string]time.Time{}, running: map[string]time.Time{}, stop: cancel}
-	see := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || !strings.HasPrefix(p.Name, prefix) {
-			return
-		}
-		now := time.Now()
-		pc.mu.Lock()
-		defer pc.mu.Unlock()
-		first := func(m map[string]time.Time) {
-			if _, ok := m[p.Name]; !ok {
-				m[p.Name] = now
-			}
-		}
-		first(pc.created)
-		if p.Spec.NodeName != "" {
-			first(pc.bound)
-		}
-		if p.Status.Phase == corev1.PodRunning {
-			first(pc.running)
-		}
-	}
-	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: cache.NewListWatchFromClient(c.Client().CoreV1().RESTClient(), "pods", metav1.NamespaceDefault, fields.Everything()),
-		ObjectType:    &corev1.Pod{},
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    see,
-			UpdateFunc: func(_, obj any) { see(obj) },
-		},
-	})
-	go informer.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		t.Fatalf("%s: the pod watch did not list", prefix)
-	}
-	return pc
+func newPhaseClock(prefix string) *phaseClock {
+	return &phaseClock{prefix: prefix, created: map[string]time.Time{}, bound: map[string]time.Time{}, running: map[string]time.Time{}}
 }
 
-// log stops the clock and logs, from began (the first create), when the pods were seen created,
-// bound and Running (median and last of each), to show where a burst spends its time.
+// see records what p shows now (watchPods' see).
+func (pc *phaseClock) see(p *corev1.Pod) {
+	if !strings.HasPrefix(p.Name, pc.prefix) {
+		return
+	}
+	now := time.Now()
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	first := func(m map[string]time.Time) {
+		if _, ok := m[p.Name]; !ok {
+			m[p.Name] = now
+		}
+	}
+	first(pc.created)
+	if p.Spec.NodeName != "" {
+		first(pc.bound)
+	}
+	if p.Status.Phase == corev1.PodRunning {
+		first(pc.running)
+	}
+}
+
+// log logs, from began (the first create), when the pods were seen created, bound and Running
+// (median and last of each), to show where a burst spends its time.
 func (pc *phaseClock) log(t *testing.T, what string, began time.Time) {
 	t.Helper()
-	pc.stop()
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	var parts []string

@@ -212,16 +212,6 @@ func (h *Harness) Stop() error {
 	return errors.Join(errs...)
 }
 
-// process returns the cluster's process called name, or nil.
-func (h *Harness) process(name string) *cluster.Process {
-	for _, p := range h.Cluster.State.Processes {
-		if p.Name == name {
-			return p
-		}
-	}
-	return nil
-}
-
 // Build builds gpuslice-scheduler and gpuslice-webhook from the product module at root into
 // dir and returns their paths, so that a harness runs the code of the tree it is in.
 func Build(ctx context.Context, root, dir string) (extenderPath, webhookPath string, err error) {

@@ -176,12 +176,11 @@ func controlPlane() []string {
 
 // cpuTimes returns the CPU time the control-plane processes have used so far, by name.
 func (h *Harness) cpuTimes() map[string]time.Duration {
+	all := h.Cluster.CPUTimes()
 	out := map[string]time.Duration{}
 	for _, name := range controlPlane() {
-		if p := h.process(name); p != nil {
-			if t, err := p.CPUTime(); err == nil {
-				out[name] = t
-			}
+		if t, ok := all[name]; ok {
+			out[name] = t
 		}
 	}
 	return out
@@ -191,7 +190,7 @@ func (h *Harness) cpuTimes() map[string]time.Duration {
 func (h *Harness) Memory() map[string]Memory {
 	out := map[string]Memory{}
 	for _, name := range controlPlane() {
-		if p := h.process(name); p != nil {
+		if p := h.Cluster.Process(name); p != nil {
 			rss, peak, err := p.Memory()
 			if err != nil {
 				continue
