@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/keyutil"
 )
 
@@ -117,11 +118,19 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	}
 	crt := filepath.Join(pki, "apiserver.crt")
 	var client kubernetes.Interface
+	var last error // why the last check failed, for the error if none passes
 	err = c.waitFor(ctx, "kube-apiserver /readyz and namespace default", []*Process{p}, func(ctx context.Context) (bool, error) {
 		if client == nil {
+			// The API server writes its self-signed certificate while starting, not atomically: a
+			// read may see an empty or short file.
 			ca, err := os.ReadFile(crt) //nolint:gosec // G304: the API server's certificate in our own folder
 			if err != nil {
-				return false, nil // not written yet
+				last = err
+				return false, nil
+			}
+			if certs, err := certutil.ParseCertsPEM(ca); err != nil || len(certs) == 0 {
+				last = fmt.Errorf("%s not complete yet: %w", crt, err)
+				return false, nil
 			}
 			c.State.CAData = ca
 			if client, err = kubernetes.NewForConfig(c.RESTConfig()); err != nil {
@@ -129,13 +138,18 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 			}
 		}
 		if _, err := client.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+			last = fmt.Errorf("/readyz: %w", err)
+			client = nil // read the certificate again: the one read may not be the one served
 			return false, nil
 		}
-		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
-		return err == nil, nil
+		if _, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{}); err != nil {
+			last = fmt.Errorf("namespace default: %w", err)
+			return false, nil
+		}
+		return true, nil
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (last check: %v)", err, last)
 	}
 	c.State.Kubeconfig = filepath.Join(c.State.Dir, "kubeconfig")
 	return c.writeKubeconfig(c.State.Kubeconfig)

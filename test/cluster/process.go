@@ -93,8 +93,10 @@ func startProcess(name, path string, args, env []string, workDir, logPath string
 }
 
 // Exited reports whether the process has ended: no process with its PID and start time is alive.
-// A zombie has ended: the process that started this one may not have reaped it yet (Down, from the
-// state file, stops a cluster whose processes this process started and still waits for).
+// A zombie whose other threads are gone has ended: the process that started this one may not have
+// reaped it yet (Down, from the state file, stops a cluster whose processes this process started
+// and still waits for). A zombie leader whose other threads still exit has not: they may still hold
+// its files, so its listening ports are not free yet.
 func (p *Process) Exited() bool {
 	if p.done != nil {
 		select {
@@ -107,7 +109,7 @@ func (p *Process) Exited() bool {
 		}
 	}
 	st, err := procStat(p.PID)
-	return err != nil || st.startTime != p.StartTime || st.state == 'Z'
+	return err != nil || st.startTime != p.StartTime || st.ended()
 }
 
 // Stop sends SIGTERM to the process group, waits up to stopTimeout for the process to end, then
@@ -160,14 +162,14 @@ func (p *Process) Resume() {
 }
 
 // killGroup signals the process group, but only while it is still this process's group. While the
-// leader lives (same start time), the group is signalled at once. Once the leader is gone, Linux
+// leader lives (same start time, not ended), the group is signalled at once. Once the leader is gone, Linux
 // does not hand its PID to a new process while the group has members, so the processes whose group
 // is PID are ours and are signalled one by one; if a process with another start time holds the
 // PID, it was reused and nothing is signalled.
 func (p *Process) killGroup(sig syscall.Signal) {
 	st, err := procStat(p.PID)
 	switch {
-	case err == nil && st.startTime == p.StartTime && st.state != 'Z':
+	case err == nil && st.startTime == p.StartTime && !st.ended():
 		_ = syscall.Kill(-p.PID, sig)
 		return
 	case err == nil && st.startTime != p.StartTime:
@@ -230,6 +232,14 @@ type stat struct {
 	startTime uint64
 	// cpuTicks is user plus system time, in clock ticks (USER_HZ, 100 per second on Linux).
 	cpuTicks int64
+	// threads is the number of threads not yet released, the leader included.
+	threads int
+}
+
+// ended reports whether the process is a zombie whose threads have all exited: a zombie leader
+// whose other threads still run has not ended, and signalling its group still reaches them.
+func (st stat) ended() bool {
+	return st.state == 'Z' && st.threads <= 1
 }
 
 // userHZ is the unit of the times in /proc/PID/stat: fixed at 100 by the kernel's ABI whatever
@@ -249,7 +259,7 @@ func procStat(pid int) (stat, error) {
 	}
 	f := strings.Fields(string(b[i+2:]))
 	// f[0] is field 3 (state), f[2] field 5 (pgrp), f[11] and f[12] fields 14 and 15 (utime,
-	// stime), f[19] field 22 (starttime).
+	// stime), f[17] field 20 (num_threads), f[19] field 22 (starttime).
 	if len(f) < 20 {
 		return stat{}, errors.New("short /proc stat")
 	}
@@ -263,7 +273,11 @@ func procStat(pid int) (stat, error) {
 	if err := errors.Join(uerr, serr); err != nil {
 		return stat{}, fmt.Errorf("parse cpu times: %w", err)
 	}
-	return stat{state: f[0][0], pgrp: pgrp, startTime: start, cpuTicks: utime + stime}, nil
+	threads, err := strconv.Atoi(f[17])
+	if err != nil {
+		return stat{}, fmt.Errorf("parse thread count: %w", err)
+	}
+	return stat{state: f[0][0], pgrp: pgrp, startTime: start, cpuTicks: utime + stime, threads: threads}, nil
 }
 
 // CPUTime returns the CPU time (user plus system) the process has used since it started, at the

@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,6 +76,72 @@ func TestStopKillsStragglersOfADeadLeader(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 	waitGone(t, child)
+}
+
+// TestKillFreesThePortsOfAZombieLeader kills a real process whose main thread has exited while its
+// other threads still hold a listening socket: its leader is a zombie, but the process has not
+// ended and its port is not free. Kill must return only once the port can be listened on again, as
+// a restart on the same port needs. Real: processes, threads, signals, sockets and /proc.
+func TestKillFreesThePortsOfAZombieLeader(t *testing.T) {
+	c := &Cluster{State: State{Dir: t.TempDir()}}
+	portFile := filepath.Join(c.State.Dir, "port")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.startEnv("zombie-leader", exe, []string{"-test.run=^$"}, []string{zombieHelperEnv + "=" + portFile}, c.State.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Kill() })
+	port := waitChildPID(t, portFile) // a number written once, as a PID is
+	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		st, err := procStat(p.PID)
+		return err == nil && st.state == 'Z', nil
+	})
+	if err != nil {
+		t.Fatalf("the helper's main thread did not exit: %v\n%s", err, p.LogTail(20))
+	}
+	if p.Exited() {
+		t.Error("Exited: true for a zombie leader whose other threads still run")
+	}
+	if fromState := (&Process{PID: p.PID, StartTime: p.StartTime}); fromState.Exited() {
+		t.Error("Exited (from the state file): true for a zombie leader whose other threads still run")
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatalf("listen on the killed process's port right after Kill: %v", err)
+	}
+	_ = ln.Close()
+}
+
+// zombieHelperEnv names the file the test binary, run as TestKillFreesThePortsOfAZombieLeader's
+// helper, writes its port to.
+const zombieHelperEnv = "GPUSLICE_ZOMBIE_LEADER_PORT_FILE"
+
+// zombieListener keeps the helper's socket reachable: a collected one would be closed.
+var zombieListener net.Listener
+
+// init makes the test binary TestKillFreesThePortsOfAZombieLeader's helper when zombieHelperEnv is
+// set: it listens on a free loopback port, writes the port, and ends the main thread only (exit, not
+// exit_group), so the runtime's other threads keep the socket open. Only init runs on the main
+// thread for certain.
+func init() {
+	path := os.Getenv(zombieHelperEnv)
+	if path == "" {
+		return
+	}
+	var err error
+	if zombieListener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		panic(err)
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(zombieListener.Addr().(*net.TCPAddr).Port)), 0o600); err != nil {
+		panic(err)
+	}
+	_, _, _ = syscall.Syscall(syscall.SYS_EXIT, 0, 0, 0)
 }
 
 // waitChildPID waits for a shell to write a PID to path and returns it.
