@@ -148,8 +148,11 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		}
 		return true, nil
 	})
+	if err != nil && last != nil {
+		return fmt.Errorf("%w (last check: %w)", err, last)
+	}
 	if err != nil {
-		return fmt.Errorf("%w (last check: %v)", err, last)
+		return err
 	}
 	c.State.Kubeconfig = filepath.Join(c.State.Dir, "kubeconfig")
 	return c.writeKubeconfig(c.State.Kubeconfig)

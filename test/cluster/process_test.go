@@ -138,7 +138,8 @@ func init() {
 	if zombieListener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		panic(err)
 	}
-	if err := os.WriteFile(path, []byte(strconv.Itoa(zombieListener.Addr().(*net.TCPAddr).Port)), 0o600); err != nil {
+	port := strconv.Itoa(zombieListener.Addr().(*net.TCPAddr).Port)
+	if err := os.WriteFile(path, []byte(port), 0o600); err != nil { //nolint:gosec // G703: a file in the parent test's own temporary folder
 		panic(err)
 	}
 	_, _, _ = syscall.Syscall(syscall.SYS_EXIT, 0, 0, 0)
