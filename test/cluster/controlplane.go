@@ -128,7 +128,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 				last = err
 				return false, nil
 			}
-			if certs, err := certutil.ParseCertsPEM(ca); err != nil || len(certs) == 0 {
+			if _, err := certutil.ParseCertsPEM(ca); err != nil { // no whole certificate yet
 				last = fmt.Errorf("%s not complete yet: %w", crt, err)
 				return false, nil
 			}
@@ -148,10 +148,10 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		}
 		return true, nil
 	})
-	if err != nil && last != nil {
-		return fmt.Errorf("%w (last check: %w)", err, last)
-	}
 	if err != nil {
+		if last != nil {
+			err = fmt.Errorf("%w (last check: %w)", err, last)
+		}
 		return err
 	}
 	c.State.Kubeconfig = filepath.Join(c.State.Dir, "kubeconfig")

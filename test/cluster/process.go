@@ -162,10 +162,10 @@ func (p *Process) Resume() {
 }
 
 // killGroup signals the process group, but only while it is still this process's group. While the
-// leader lives (same start time, not ended), the group is signalled at once. Once the leader is gone, Linux
-// does not hand its PID to a new process while the group has members, so the processes whose group
-// is PID are ours and are signalled one by one; if a process with another start time holds the
-// PID, it was reused and nothing is signalled.
+// leader lives (same start time, not ended), the group is signalled at once. Once the leader is
+// gone, Linux does not hand its PID to a new process while the group has members, so the processes
+// whose group is PID are ours and are signalled one by one; if a process with another start time
+// holds the PID, it was reused and nothing is signalled.
 func (p *Process) killGroup(sig syscall.Signal) {
 	st, err := procStat(p.PID)
 	switch {

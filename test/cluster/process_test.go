@@ -42,7 +42,7 @@ func TestDownStopsProcessGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop() })
-	child := waitChildPID(t, childPIDFile)
+	child := waitNumber(t, childPIDFile)
 
 	if err := Down(c.StatePath()); err != nil {
 		t.Fatalf("Down: %v", err)
@@ -68,7 +68,7 @@ func TestStopKillsStragglersOfADeadLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	child := waitChildPID(t, childPIDFile)
+	child := waitNumber(t, childPIDFile)
 	if !p.waitExit(10 * time.Second) {
 		t.Fatal("leader did not exit")
 	}
@@ -94,7 +94,7 @@ func TestKillFreesThePortsOfAZombieLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Kill() })
-	port := waitChildPID(t, portFile) // a number written once, as a PID is
+	port := waitNumber(t, portFile)
 	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		st, err := procStat(p.PID)
 		return err == nil && st.state == 'Z', nil
@@ -145,8 +145,9 @@ func init() {
 	_, _, _ = syscall.Syscall(syscall.SYS_EXIT, 0, 0, 0)
 }
 
-// waitChildPID waits for a shell to write a PID to path and returns it.
-func waitChildPID(t *testing.T, path string) int {
+// waitNumber waits for another process to write a number (a child's PID, a port) to path and
+// returns it.
+func waitNumber(t *testing.T, path string) int {
 	t.Helper()
 	var pid int
 	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
