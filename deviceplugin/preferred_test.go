@@ -9,6 +9,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
@@ -254,5 +257,42 @@ func TestPreferredAsksTheAPIServerWhenTheViewShowsAnEarlierPod(t *testing.T) {
 	f.apiServerHas(recreated)
 	if got, want := f.prefer(devicesOf(), nil, 1), []string{DeviceID(gpuB, 0)}; !cmp.Equal(want, got) {
 		t.Errorf("preferred %v, want %v (the recreated pod's GPU)", got, want)
+	}
+}
+
+// TestPreferredTakesTheViewWhenItCatchesUpFirst: the kubelet lists the pod
+// it admits before the plugin's view shows it (the view lags by
+// milliseconds while the cores are busy). The plugin reads the pods from the
+// API server and watches the view meanwhile: the view catches up first
+// here, while the read has not answered, and its answer is taken at once.
+// Waiting for the read would hold up the kubelet's admission of every pod
+// behind this one.
+func TestPreferredTakesTheViewWhenItCatchesUpFirst(t *testing.T) {
+	f := newHandoff(t, nil)
+	f.alloc.t.PreferWait, f.alloc.t.OwnerWait = time.Minute, time.Minute
+	asked, answer := make(chan struct{}), make(chan struct{})
+	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		close(asked) // asked once
+		<-answer     // the API server answers only once the test lets it
+		return &corev1.PodList{}, nil
+	}}
+	defer close(answer)
+	asking := gpuPod("asking", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 1024, 0)), "main")
+	f.podRes.admit(asking.Namespace, asking.Name) // listed by the kubelet, not in the view yet
+	go func() {
+		<-asked
+		if _, err := f.client.CoreV1().Pods(asking.Namespace).Create(context.Background(), asking, metav1.CreateOptions{}); err != nil {
+			t.Error(err)
+		}
+	}()
+	preferred := make(chan []string, 1)
+	go func() { preferred <- f.prefer(devicesOf(), nil, 1) }()
+	select {
+	case got := <-preferred:
+		if want := []string{DeviceID(gpuB, 0)}; !cmp.Equal(want, got) {
+			t.Errorf("preferred %v, want %v (the asking pod's GPU, as the view shows it)", got, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("GetPreferredAllocation still waits for the API server, although the view shows the pod the kubelet admits")
 	}
 }

@@ -2,7 +2,9 @@ package deviceplugin
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
+	"github.com/gpuslice/gpuslice/node/kubeletstate"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -235,6 +238,66 @@ func TestPreStartConfirmsThePodWithTheAPIServer(t *testing.T) {
 	err := f.preStart(id)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot confirm with the API server") || !strings.Contains(err.Error(), "retried") {
 		t.Errorf("preStart with the API server down = %v, want FailedPrecondition saying the pod cannot be confirmed and the start is retried", err)
+	}
+}
+
+// TestPreStartTakesTheKubeletsRecordOfThePod: the kubelet's device
+// checkpoint gives the devices to the view's pod, by UID, so the start
+// needs no read of the API server (it does not answer here). When it gives
+// them to another UID (web-0 created again while the view lags), the API
+// server is asked as before, and decides.
+func TestPreStartTakesTheKubeletsRecordOfThePod(t *testing.T) {
+	f := newHandoff(t, nil)
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	id := DeviceID(gpuB, 0)
+	f.podRes.hold("default", "web-0", "main", id)
+	f.apiServerDown()
+
+	f.kubeletCheckpoint("uid-old", "main", id)
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart with the kubelet's checkpoint naming the view's pod and the API server down: %v", err)
+	}
+	if got := envValue(specEnv(f.readSpec(id)), handoff.EnvPodUID); got != "uid-old" {
+		t.Errorf("spec %s = %q, want uid-old", handoff.EnvPodUID, got)
+	}
+
+	f.kubeletCheckpoint("uid-new", "main", id)
+	if err := f.preStart(id); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot confirm with the API server") {
+		t.Errorf("preStart with the checkpoint naming another UID and the API server down = %v, want FailedPrecondition: cannot confirm", err)
+	}
+	f.apiServerHas(recreatedWeb0())
+	if err := f.preStart(id); err != nil {
+		t.Fatalf("preStart with the checkpoint and the API server naming the new pod: %v", err)
+	}
+	wantRecreatedSpec(t, f, id)
+}
+
+// kubeletCheckpoint writes the kubelet's device checkpoint in the plugin's
+// device-plugin folder, as a kubelet would: container of pod UID uid holds
+// ids of the plugin's resource.
+func (f *handoffFixture) kubeletCheckpoint(uid, container string, ids ...string) {
+	f.t.Helper()
+	type entry struct {
+		PodUID, ContainerName, ResourceName string
+		DeviceIDs                           map[string][]string
+		AllocResp                           []byte
+	}
+	var cp struct {
+		Data struct {
+			PodDeviceEntries  []entry
+			RegisteredDevices map[string][]string
+		}
+		Checksum uint64
+	}
+	cp.Data.PodDeviceEntries = []entry{{PodUID: uid, ContainerName: container, ResourceName: f.cfg.ResourceName, DeviceIDs: map[string][]string{"-1": ids}}}
+	data, err := json.Marshal(cp)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.cfg.DevicePluginDir, kubeletstate.CheckpointFile), data, 0o600); err != nil {
+		f.t.Fatal(err)
 	}
 }
 
