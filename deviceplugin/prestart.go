@@ -302,7 +302,7 @@ func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids
 // container's first start, and hands devices that pass from pod to pod to
 // the new pod only once the old one's entry is gone; so pod is the one
 // whose container starts, and the API server need not be asked (a
-// consistent read, 25–45 ms at the median in a burst of 40 starts on one
+// consistent read, 33–43 ms at the median in a burst of 40 starts on one
 // node, and a read of etcd for each). An unreadable checkpoint, no single
 // holder, or another UID (a pod created again whose view lags; a static
 // pod, whose UID the kubelet has under another value) confirms nothing.
