@@ -34,10 +34,20 @@ type Holder struct {
 // container, or to more than one.
 var ErrNoHolder = errors.New("the kubelet's device checkpoint gives the devices to no single container")
 
-// checkpoint is the part of the device manager's checkpoint a Holder comes
-// from: the entry of each container and resource, with its device IDs per
-// NUMA node (the kubelet writes the IDs of devices without a topology
-// under node -1).
+// Entry is one entry of the device manager's checkpoint: the devices of
+// one resource the kubelet allocated to one container.
+type Entry struct {
+	PodUID    string
+	Container string
+	Resource  string
+	// DeviceIDs are the devices, sorted, each once: the kubelet lists a
+	// device under every NUMA node it is on, and devices without a
+	// topology under node -1.
+	DeviceIDs []string
+}
+
+// checkpoint is the part of the device manager's checkpoint an Entry comes
+// from, with the device IDs per NUMA node.
 type checkpoint struct {
 	Data struct {
 		PodDeviceEntries []struct {
@@ -49,33 +59,44 @@ type checkpoint struct {
 	}
 }
 
-// DeviceHolder returns the container that holds exactly ids (in any order)
-// of resource in the device manager's checkpoint in dir, the kubelet's
-// device-plugin folder. Its error wraps the read's or the decoding's, or
-// is ErrNoHolder.
-func DeviceHolder(dir, resource string, ids []string) (Holder, error) {
+// Read returns the entries of the device manager's checkpoint in dir, the
+// kubelet's device-plugin folder. Its error wraps the read's or the
+// decoding's.
+func Read(dir string) ([]Entry, error) {
 	path := filepath.Join(dir, CheckpointFile)
 	data, err := os.ReadFile(path) //nolint:gosec // G304: the kubelet's checkpoint in its device-plugin folder (configuration).
 	if err != nil {
-		return Holder{}, fmt.Errorf("read the kubelet's device checkpoint: %w", err)
+		return nil, fmt.Errorf("read the kubelet's device checkpoint: %w", err)
 	}
 	var cp checkpoint
 	if err := json.Unmarshal(data, &cp); err != nil {
-		return Holder{}, fmt.Errorf("decode the kubelet's device checkpoint %s: %w", path, err)
+		return nil, fmt.Errorf("decode the kubelet's device checkpoint %s: %w", path, err)
+	}
+	entries := make([]Entry, 0, len(cp.Data.PodDeviceEntries))
+	for _, e := range cp.Data.PodDeviceEntries {
+		var ids []string
+		for _, onNode := range e.DeviceIDs {
+			ids = append(ids, onNode...)
+		}
+		slices.Sort(ids)
+		entries = append(entries, Entry{PodUID: e.PodUID, Container: e.ContainerName, Resource: e.ResourceName, DeviceIDs: slices.Compact(ids)})
+	}
+	return entries, nil
+}
+
+// DeviceHolder returns the container that holds exactly ids (in any order)
+// of resource in the device manager's checkpoint in dir (Read). Its error
+// is Read's or ErrNoHolder.
+func DeviceHolder(dir, resource string, ids []string) (Holder, error) {
+	entries, err := Read(dir)
+	if err != nil {
+		return Holder{}, err
 	}
 	want := slices.Sorted(slices.Values(ids))
 	var found []Holder
-	for _, e := range cp.Data.PodDeviceEntries {
-		if e.ResourceName != resource {
-			continue
-		}
-		var held []string
-		for _, onNode := range e.DeviceIDs {
-			held = append(held, onNode...)
-		}
-		slices.Sort(held)
-		if slices.Equal(slices.Compact(held), want) {
-			found = append(found, Holder{PodUID: e.PodUID, Container: e.ContainerName})
+	for _, e := range entries {
+		if e.Resource == resource && slices.Equal(e.DeviceIDs, want) {
+			found = append(found, Holder{PodUID: e.PodUID, Container: e.Container})
 		}
 	}
 	if len(found) != 1 {

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 )
 
@@ -72,5 +73,22 @@ func TestDeviceHolderUnreadable(t *testing.T) {
 		if got, err := DeviceHolder(writeCheckpoint(t, content), "r", []string{"d1"}); err == nil {
 			t.Errorf("checkpoint %q: got %+v, want an error", content, got)
 		}
+	}
+}
+
+// TestRead: each entry with its devices sorted and each once, a device on
+// two NUMA nodes included.
+func TestRead(t *testing.T) {
+	got, err := Read(writeCheckpoint(t, sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Entry{
+		{PodUID: "uid-a", Container: "main", Resource: "hami.io/gpu", DeviceIDs: []string{"GPU-1::4"}},
+		{PodUID: "uid-b", Container: "side", Resource: "hami.io/gpu", DeviceIDs: []string{"GPU-1::5", "GPU-2::0"}},
+		{PodUID: "uid-c", Container: "main", Resource: "example.com/other", DeviceIDs: []string{"GPU-1::6"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Read = %+v, want %+v", got, want)
 	}
 }

@@ -3,9 +3,7 @@ package e2e
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/gpuslice/gpuslice/extender"
+	"github.com/gpuslice/gpuslice/node/kubeletstate"
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -37,27 +36,14 @@ func runGPUPod(t *testing.T, c *cluster.Cluster, name string) *corev1.Pod {
 // container, sorted.
 func checkpointDevices(t *testing.T, n *cluster.Node, podUID, container string) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(n.DevicePluginDir(), "kubelet_internal_checkpoint"))
+	entries, err := kubeletstate.Read(n.DevicePluginDir())
 	if err != nil {
-		t.Fatalf("read kubelet device checkpoint: %v", err)
-	}
-	var cp struct {
-		Data struct {
-			PodDeviceEntries []struct {
-				PodUID, ContainerName, ResourceName string
-				DeviceIDs                           map[string][]string
-			}
-		}
-	}
-	if err := json.Unmarshal(b, &cp); err != nil {
-		t.Fatalf("parse kubelet device checkpoint: %v", err)
+		t.Fatal(err)
 	}
 	var ids []string
-	for _, e := range cp.Data.PodDeviceEntries {
-		if e.PodUID == podUID && e.ContainerName == container && e.ResourceName == string(cluster.ResourceGPU) {
-			for _, perNUMA := range e.DeviceIDs {
-				ids = append(ids, perNUMA...)
-			}
+	for _, e := range entries {
+		if e.PodUID == podUID && e.Container == container && e.Resource == string(cluster.ResourceGPU) {
+			ids = append(ids, e.DeviceIDs...)
 		}
 	}
 	slices.Sort(ids)
