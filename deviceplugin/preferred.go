@@ -205,8 +205,9 @@ func (a *allocator) admittedPending(ctx context.Context, held map[containerRef][
 	if listed == nil {
 		return a.pendingContainers(a.pods.Pods(), held), fromNothing
 	}
+	inView := func() []pendingContainer { return listedPending(a.pendingContainers(a.pods.Pods(), held), listed) }
 	changed := a.pods.Changed()
-	if pending := listedPending(a.pendingContainers(a.pods.Pods(), held), listed); len(pending) > 0 {
+	if pending := inView(); len(pending) > 0 {
 		return pending, fromView
 	}
 	if a.live == nil {
@@ -233,7 +234,7 @@ func (a *allocator) admittedPending(ctx context.Context, held map[containerRef][
 			return got.pending, fromAPIServer
 		case <-changed:
 			changed = a.pods.Changed()
-			if pending := listedPending(a.pendingContainers(a.pods.Pods(), held), listed); len(pending) > 0 {
+			if pending := inView(); len(pending) > 0 {
 				return pending, fromView
 			}
 		}

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -271,9 +272,10 @@ func TestPreferredTakesTheViewWhenItCatchesUpFirst(t *testing.T) {
 	f := newHandoff(t, nil)
 	f.alloc.t.PreferWait, f.alloc.t.OwnerWait = time.Minute, time.Minute
 	asked, answer := make(chan struct{}), make(chan struct{})
+	ask := sync.OnceFunc(func() { close(asked) })
 	f.alloc.live = &cache.ListWatch{ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
-		close(asked) // asked once
-		<-answer     // the API server answers only once the test lets it
+		ask()
+		<-answer // the API server answers only once the test lets it
 		return &corev1.PodList{}, nil
 	}}
 	defer close(answer)

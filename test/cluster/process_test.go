@@ -149,19 +149,19 @@ func init() {
 // returns it.
 func waitNumber(t *testing.T, path string) int {
 	t.Helper()
-	var pid int
+	var n int
 	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return false, nil
 		}
-		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		n, err = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("child PID in %s: %v", path, err)
+		t.Fatalf("a number in %s: %v", path, err)
 	}
-	return pid
+	return n
 }
 
 // waitGone fails t unless pid ends (or is a zombie) within 10 s.
