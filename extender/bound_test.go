@@ -19,70 +19,89 @@ import (
 // while its score bound can reach the best tier found (evaluateBest),
 // passes exactly the nodes that fitting every node passes, and, when no
 // node passes, turns every node away with the same message: for each
-// policy, on uneven nodes, for new pod shapes of one slice (by MiB or by
-// percent, with and without host requests) and of two GPUs, each reserved
-// on its best node afterwards as a bind would. It also checks that the
-// bounds spared most nodes a fit under binpack and spread.
+// policy, on uneven nodes holding slices by MiB or by percent (whose
+// workload counts expected fills), for new pod shapes of one slice (by MiB
+// or by percent, with and without host requests) and of two GPUs, each
+// reserved on its best node afterwards as a bind would. It also checks
+// that the bounds spared most nodes a fit under binpack and spread, and a
+// fifth under fragmentation.
 func TestFilterBestEqualsFullScan(t *testing.T) {
 	t.Parallel()
 	for _, policy := range vgpu.Policies() {
-		t.Run(string(policy), func(t *testing.T) {
-			t.Parallel()
-			s, names := benchScheduler(t, 300, 2700, policy)
-			rng := rand.New(rand.NewPCG(11, uint64(len(policy))))
-			spared, undecided, none := 0, 0, 0
-			for i := range 120 {
-				pod := boundTestPod(rng, fmt.Sprintf("p-%03d", i))
-				d, err := demandOf(pod)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := s.Filter(t.Context(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-				if err != nil {
-					t.Fatal(err)
-				}
-				// What this Filter left unfitted has no verdict remembered.
-				for _, name := range names {
-					n := s.state.nodes[name]
-					if _, ok := n.figures.Reject(d.pod); ok {
-						continue
-					}
-					undecided++
-					if _, ok := n.verdicts.get(d.key, n.gen); !ok {
-						spared++
-					}
-				}
-				want := fullScanPassed(s, names, &d)
-				if diff := cmp.Diff(want, *got.NodeNames); diff != "" {
-					t.Fatalf("pod %d: Filter passed other nodes than a full scan (-full +Filter):\n%s", i, diff)
-				}
-				if len(want) == 0 {
-					none++
-					// Every node judged, as FilterResultFeasible judges them.
-					s.cfg.FilterResult = FilterResultFeasible
-					all, err := s.Filter(t.Context(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-					s.cfg.FilterResult = FilterResultBest
-					if err != nil {
-						t.Fatal(err)
-					}
-					if diff := cmp.Diff(all, got); diff != "" {
-						t.Fatalf("pod %d fits nowhere, but Filter's reasons differ from a full scan's (-full +Filter):\n%s", i, diff)
-					}
-					continue
-				}
-				d.forBind = true
-				if _, err := s.reserve(want[0], &d); err != nil {
-					t.Fatalf("pod %d: reserve on %s: %v", i, want[0], err)
-				}
+		for _, set := range []struct {
+			suffix string
+			shapes []benchSlice
+		}{{"", benchSlices}, {"-percent", benchPercentSlices}} {
+			t.Run(string(policy)+set.suffix, func(t *testing.T) {
+				t.Parallel()
+				testFilterBestEqualsFullScan(t, policy, set.shapes)
+			})
+		}
+	}
+}
+
+// testFilterBestEqualsFullScan is TestFilterBestEqualsFullScan on a
+// cluster of one policy holding slices of shapes.
+func testFilterBestEqualsFullScan(t *testing.T, policy vgpu.Policy, shapes []benchSlice) {
+	s, names := benchSchedulerOf(t, 300, 2700, policy, shapes)
+	rng := rand.New(rand.NewPCG(11, uint64(len(policy))))
+	spared, undecided, none := 0, 0, 0
+	for i := range 120 {
+		pod := boundTestPod(rng, fmt.Sprintf("p-%03d", i))
+		d, err := demandOf(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Filter(t.Context(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What this Filter left unfitted has no verdict remembered.
+		for _, name := range names {
+			n := s.state.nodes[name]
+			if _, ok := n.figures.Reject(d.pod); ok {
+				continue
 			}
-			t.Logf("%s: %d of %d nodes left undecided by the screen were not fitted; %d pods fitted nowhere", policy, spared, undecided, none)
-			if policy != vgpu.PolicyFragmentation && spared < undecided/2 {
-				t.Errorf("the bounds spared %d of %d fits; want most under %s", spared, undecided, policy)
+			undecided++
+			if _, ok := n.verdicts.get(d.key, n.gen); !ok {
+				spared++
 			}
-			if none == 0 {
-				t.Errorf("every pod fitted somewhere: the no-fit path went untested")
+		}
+		want := fullScanPassed(s, names, &d)
+		if diff := cmp.Diff(want, *got.NodeNames); diff != "" {
+			t.Fatalf("pod %d: Filter passed other nodes than a full scan (-full +Filter):\n%s", i, diff)
+		}
+		if len(want) == 0 {
+			none++
+			// Every node judged, as FilterResultFeasible judges them.
+			s.cfg.FilterResult = FilterResultFeasible
+			all, err := s.Filter(t.Context(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+			s.cfg.FilterResult = FilterResultBest
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			if diff := cmp.Diff(all, got); diff != "" {
+				t.Fatalf("pod %d fits nowhere, but Filter's reasons differ from a full scan's (-full +Filter):\n%s", i, diff)
+			}
+			continue
+		}
+		d.forBind = true
+		if _, err := s.reserve(want[0], &d); err != nil {
+			t.Fatalf("pod %d: reserve on %s: %v", i, want[0], err)
+		}
+	}
+	t.Logf("%s: %d of %d nodes left undecided by the screen were not fitted; %d pods fitted nowhere", policy, spared, undecided, none)
+	// Under fragmentation many nodes tie at the best Value, and only
+	// their Raw bounds spare them.
+	want := undecided / 2
+	if policy == vgpu.PolicyFragmentation {
+		want = undecided / 5
+	}
+	if spared < want {
+		t.Errorf("the bounds spared %d of %d fits under %s; want %d or more", spared, undecided, policy, want)
+	}
+	if none == 0 {
+		t.Errorf("every pod fitted somewhere: the no-fit path went untested")
 	}
 }
 

@@ -28,11 +28,14 @@ type NodeFigures struct {
 	// fragBefore is the node's fragmentation against fragWorkload (nil:
 	// not measured): no pod lowers it by more. maxUnusable is, over the
 	// GPUs with a free slot, the most of fragWorkload's share that cannot
-	// use one's free capacity (1 when the workload has too many shapes to
-	// tell). Both are set by boundFragmentation.
+	// use one's free capacity, and maxCellFrag the most fragmentation one
+	// of them holds: its free share less what the classes the node's
+	// measure counts use of it (both 1 when the workload has too many
+	// shapes to tell). All are set by boundFragmentation.
 	fragBefore   float64
 	fragWorkload *Workload
 	maxUnusable  float64
+	maxCellFrag  float64
 	// hostKnown is true when the node's free CPU and memory are known
 	// (host); hostBounds when they bound what some class of
 	// fragWorkload can use. gpus counts the node's GPUs, healthy or not.
@@ -61,62 +64,79 @@ func (s *NodeSummary) boundGPU(g *GPU, u GPUUsage) {
 // fragmentation against w, as f measured it; the cells' masks are set.
 func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
 	s.fragBefore, s.fragWorkload, s.hostBounds = f.before, w, f.weight[0].capped != nil
-	s.maxUnusable = 1
+	s.maxUnusable, s.maxCellFrag = 1, 1
 	if f.masks == nil {
 		return // no masks to tell which shapes can use a GPU
 	}
-	s.maxUnusable = 0
+	s.maxUnusable, s.maxCellFrag = 0, 0
+	m := fragModel{w: w, fill: f.fill, lambda: f.lambda}
 	for i := range s.cells {
 		c := &s.cells[i]
 		if c.exclusive != 0 || c.slices >= s.inv.SplitCount {
 			continue
 		}
 		// The share of the workload that can use the GPU's free capacity
-		// now (fragModel.delta's "left" shapes).
-		var usable float64
-		if c.share < 1 {
+		// now (fragModel.delta's "left" shapes), and what the classes
+		// that fragModel.measure counts use of it (cellDelta's value0).
+		var usable, used float64
+		if free := 1 - c.share; free > 0 {
+			value := free
+			if f.fill && c.usage() != (GPUUsage{}) {
+				value = m.valueAt(c.fill, c.admitted, free, w.fullOf(c.mask))
+			}
 			for mask := c.mask; mask != 0; mask &= mask - 1 {
 				si := bits.TrailingZeros64(mask)
-				usable += f.weight[0].at(&w.shapes[si], si, f.cnt[si])
+				weight := f.weight[0].at(&w.shapes[si], si, f.cnt[si])
+				usable += weight
+				if f.cnt[si] >= w.shapes[si].GPUs {
+					used += weight * value
+				}
 			}
+			s.maxCellFrag = max(s.maxCellFrag, free-used)
 		}
 		s.maxUnusable = max(s.maxUnusable, 1-usable)
 	}
 }
 
-// ScoreBound returns a node score (NodeScore.Value) that the placement
-// NodeSummary.Fit(pod, opts) gives on this node never scores above, from
-// the summary's figures alone: for a scheduler that wants only the nodes
-// of the best score, every node whose bound is below a score already found
-// need not be fitted. For a pod of one slice (as Reject takes) the slice
-// raises one GPU's used share, by at most rise (its memory or cores over
-// the smallest GPU's, or a GPU's whole free share when it takes the last
-// slot), so:
-//   - PolicyBinpack: 100 × (used + rise) / healthy GPUs;
-//   - PolicySpread: 100 × (1 − used / healthy GPUs), as the share only
-//     rises;
-//   - PolicyFragmentation: 50 + 25 × the least of rise and the node's
-//     fragmentation. Fragmentation never falls below 0 (the classes'
-//     shares add up to at most 1), so by no more than it is, when it was
-//     measured against opts.Workload. It falls by no more than the free
-//     capacity the slice takes (every class can use at most what is
-//     free), and by no more than the part of it that the classes able to
-//     use the GPU could not (the most of that share over the node's GPUs
-//     with a free slot, when measured against opts.Workload), when, once
-//     the pod is placed, the node's host bounds no class of
-//     opts.Workload: its free CPU and memory are unknown, or feed every
-//     class on every GPU after the pod's host requests, or the pod
-//     requests none and they bound no class before, and opts.Workload
-//     counts no expected fills (it has no supply: see fill.go).
-//     Otherwise rise counts as 1.
+// ScoreBound returns a node score whose Value and Raw the placement
+// NodeSummary.Fit(pod, opts) gives on this node never exceeds, from the
+// summary's figures alone. For a scheduler that wants only the nodes of
+// the best score, a node need not be fitted when its bound's Value is
+// below the best Value found, or its Raw below the best Raw found (Value
+// never rises when Raw falls; under fragmentation most nodes of a cluster
+// may tie at one Value). For a pod of one slice (as Reject takes) the
+// slice raises one GPU's used share, by at most rise (its memory or cores
+// over the smallest GPU's, or a GPU's whole free share when it takes the
+// last slot), so Raw is at most:
+//   - PolicyBinpack: (used + rise) / healthy GPUs;
+//   - PolicySpread: 1 − used / healthy GPUs, as the share only rises;
+//   - PolicyFragmentation: how far the slice can lower the node's
+//     fragmentation. Measured against opts.Workload, no further than the
+//     node's fragmentation, which is never below 0 (the classes' shares
+//     add up to at most 1). When, once the pod is placed, the node's host
+//     bounds no class of opts.Workload (its free CPU and memory are
+//     unknown, or feed every class on every GPU after the pod's host
+//     requests, or the pod requests none and they bound no class before),
+//     and it was measured against opts.Workload, also no further than
+//     its most fragmented GPU with a free slot holds (the GPU's free share
+//     less what the classes use of it: what they use of it after is at
+//     most its free share after, and of the other GPUs no more than
+//     before); and, when opts.Workload counts no expected fills (it has
+//     no supply: see fill.go), no further than the free capacity the
+//     slice takes times the most of the workload's share that cannot use
+//     a GPU with a free slot. Otherwise it may lower fragmentation by a
+//     whole GPU: a host that bounds some classes gives them a share of
+//     each GPU that grows as GPUs drop out of their reach, and counting
+//     expected fills a slice may leave its GPU's free share worth more.
 //
-// Other pods get MaxScore: no bound. Safe for concurrent use.
-func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
+// Value is what Score gives that Raw. Other pods get MaxScore and an
+// infinite Raw: no bound. Safe for concurrent use.
+func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) NodeScore {
 	if !oneSlice(pod) {
-		return MaxScore
+		return NodeScore{Value: MaxScore, Raw: math.Inf(1)}
 	}
 	if s.healthy == 0 || s.sliceable == 0 {
-		return 0 // Score of a node with no healthy GPU; nothing fits else
+		return NodeScore{} // Score of a node with no healthy GPU; nothing fits else
 	}
 	cr := pod.Request.Containers[0]
 	rise := s.maxJump
@@ -131,10 +151,11 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
 	}
 	rise = min(rise, 1)
 	healthy := float64(s.healthy)
-	var value float64
+	var raw, value float64
 	switch resolve(pod.Constraints.NodePolicy, opts.NodePolicy) {
 	case PolicySpread:
-		value = MaxScore * (1 - s.usedBefore/healthy)
+		raw = 1 - s.usedBefore/healthy
+		value = MaxScore * raw
 	case PolicyFragmentation:
 		measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
 		switch unbounded := s.unboundedAfter(pod, opts.Workload, measured); {
@@ -148,25 +169,31 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) int {
 			// Counting expected fills, a slice may leave its GPU's
 			// free share worth more than before (0.41 that slices
 			// fill well, from 0.88 that none does): up to all of the
-			// GPU's free share.
+			// GPU's free share, or, measured, of its fragmentation.
 			rise = 1
+			if measured {
+				rise = s.maxCellFrag
+			}
 		case measured:
 			// Of the capacity the slice takes, what the classes that
-			// can use the GPU could use was not fragmented.
-			rise *= s.maxUnusable
+			// can use the GPU could use was not fragmented; nor is more
+			// of it than the GPU's fragmentation.
+			rise = min(rise*s.maxUnusable, s.maxCellFrag)
 		}
 		if measured {
 			// Fragmentation is never below 0: no pod lowers it by more
 			// than it is.
 			rise = min(rise, s.fragBefore)
 		}
+		raw = rise
 		value = MaxScore/2 + MaxScore/4*rise
 	default:
-		value = MaxScore * (s.usedBefore + rise) / healthy
+		raw = (s.usedBefore + rise) / healthy
+		value = MaxScore * raw
 	}
 	// Score sums the shares in another order; boundSlack covers the
 	// difference before Score rounds.
-	return int(math.Round(min(max(value+boundSlack, 0), MaxScore)))
+	return NodeScore{Value: int(math.Round(min(max(value+boundSlack, 0), MaxScore))), Raw: raw + boundSlack}
 }
 
 // unboundedAfter reports whether, once pod is placed, the node's host

@@ -3,6 +3,7 @@ package vgpu_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -42,7 +43,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 7))
-			compared, fitted, rejected, bounded, tight := 0, 0, 0, 0, 0
+			compared, fitted, rejected, bounded, tight, tightRaw := 0, 0, 0, 0, 0, 0
 			for round := range 30 {
 				node := randomNode(rng)
 				usage := &vgpu.NodeUsage{}
@@ -95,10 +96,13 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 							}
 							if wantErr == nil && !unscored {
 								// No placement scores above the node's bound.
-								if v, b := vgpu.Score(got).Value, sum.ScoreBound(d, opts); v > b {
-									t.Fatalf("round %d: placement scores %d under %v, above the bound %d", round, v, policy, b)
-								} else if b < vgpu.MaxScore && b-v <= 1 {
+								if sc, b := vgpu.Score(got), sum.ScoreBound(d, opts); sc.Value > b.Value || sc.Raw > b.Raw {
+									t.Fatalf("round %d: placement scores %+v under %v, above the bound %+v", round, sc, policy, b)
+								} else if b.Value < vgpu.MaxScore && b.Value-sc.Value <= 1 {
 									tight++
+								}
+								if sc, b := vgpu.Score(got), sum.ScoreBound(d, opts); !math.IsInf(b.Raw, 1) && b.Raw-sc.Raw <= 1e-3 {
+									tightRaw++
 								}
 								bounded++
 								if ow == w {
@@ -119,7 +123,10 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 			if tight == 0 {
 				t.Errorf("no score came within 1 of a bound below %d: the bound check is idle", vgpu.MaxScore)
 			}
-			t.Logf("%d comparisons, %d fitted, %d rejected from the summary alone, %d scores within their node's bound (%d of them within 1)", compared, fitted, rejected, bounded, tight)
+			if tightRaw == 0 {
+				t.Errorf("no Raw came within 0.001 of its bound: the bound check is idle")
+			}
+			t.Logf("%d comparisons, %d fitted, %d rejected from the summary alone, %d scores within their node's bound (%d of them within 1, %d Raws within 0.001)", compared, fitted, rejected, bounded, tight, tightRaw)
 		})
 	}
 }
