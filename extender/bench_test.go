@@ -234,8 +234,9 @@ func benchPair(b *testing.B, s *Scheduler, names []string, pod *corev1.Pod) exte
 	return scores
 }
 
-// benchFitted counts the nodes that remember a verdict for pod: in the
-// cold case, the nodes its Filter fitted (the screen remembers none).
+// benchFitted counts the nodes that remember a verdict for pod, not a
+// bound: in the cold case, the nodes its Filter fitted (the screen
+// remembers none).
 func benchFitted(b *testing.B, s *Scheduler, pod *corev1.Pod) int {
 	b.Helper()
 	d, err := demandOf(pod)
@@ -244,7 +245,7 @@ func benchFitted(b *testing.B, s *Scheduler, pod *corev1.Pod) int {
 	}
 	fitted := 0
 	for _, n := range s.state.nodes {
-		if _, ok := n.verdicts.get(d.key, n.gen); ok {
+		if v, ok := n.verdicts.get(d.key, n.gen); ok && !v.bounded {
 			fitted++
 		}
 	}

@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,16 +17,14 @@ const unjudged = -1
 // that asks for GPUs, as evaluateAll would, but for a Filter that passes
 // only the nodes of the best score: it fits a node that its screen
 // (readiness, the summary's Reject, a remembered verdict) leaves undecided
-// only while the node's vgpu.NodeFigures.ScoreBound can reach the best
-// score found so far: its Value that score's Value, and its Raw that
-// score's Raw (the best Raw is the best score's, as Value never rises when
-// Raw falls; many nodes tie at one Value under fragmentation, where
-// slices change a node's fragmentation by less than a Value step). A node
-// it does not fit gets a fitting verdict of
-// value unjudged: it could not have tied the best score, and Filter
-// leaves it out without saying whether the pod fits there. When no node
-// fits, every node is fitted, so the pod's FailedScheduling event still
-// names each node's reason.
+// only while the node's vgpu.NodeFigures.ScoreBound, and then its
+// summary's ScoreBoundByGPU, can reach the best score found so far
+// (vgpu.NodeScore.CannotReach: under fragmentation many nodes tie at one
+// Value, and many at one Raw, so Raw and Tie are bounded too). A node it
+// does not fit gets a fitting verdict of value unjudged: it could not have
+// tied the best score, and Filter leaves it out without saying whether
+// the pod fits there. When no node fits, every node is fitted, so the
+// pod's FailedScheduling event still names each node's reason.
 //
 // A best score comes early from a sample: about sampleNodes nodes, evenly
 // spaced, are screened first and fitted in order of their bounds, highest
@@ -44,44 +41,59 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	defer boundPool.Put(buf)
 	done := buf.size(len(names))
 	opts := s.fitOptionsLocked(d)
-	best := new(atomic.Int64)
-	best.Store(unjudged)
-	bestRaw := new(atomic.Uint64) // float64 bits
-	bestRaw.Store(math.Float64bits(math.Inf(-1)))
+	var best atomic.Pointer[vgpu.NodeScore] // nil until a node fits
 	raise := func(v verdict) {
 		for v.fits {
 			b := best.Load()
-			if int64(v.score.Value) <= b || best.CompareAndSwap(b, int64(v.score.Value)) {
-				break
+			if b != nil && v.score.Compare(*b) <= 0 {
+				return
 			}
-		}
-		for v.fits {
-			b := bestRaw.Load()
-			if v.score.Raw <= math.Float64frombits(b) || bestRaw.CompareAndSwap(b, math.Float64bits(v.score.Raw)) {
+			score := v.score // only a better score is allocated
+			if best.CompareAndSwap(b, &score) {
 				return
 			}
 		}
 	}
-	// screen decides node i, or returns it undecided with its bound.
-	screen := func(i int) (n *nodeState, bound vgpu.NodeScore, undecided bool) {
+	// screen decides node i, or returns it undecided with its bound:
+	// the one remembered from an earlier pod of the shape (byGPU), else
+	// its figures'.
+	screen := func(i int) (n *nodeState, bound vgpu.NodeScore, byGPU, undecided bool) {
 		n = st.nodes[names[i]]
 		if n == nil || !n.known {
 			verdicts[i] = s.evaluateLocked(names[i], d, now)
-			return nil, vgpu.NodeScore{}, false
+			return nil, vgpu.NodeScore{}, false, false
 		}
 		v, decided := s.screenLocked(n, d, now)
-		if decided {
+		switch {
+		case decided:
 			v.node = n.index
 			verdicts[i] = v
 			raise(v)
-			return nil, vgpu.NodeScore{}, false
+			return nil, vgpu.NodeScore{}, false, false
+		case v.bounded:
+			return n, v.score, true, true
 		}
-		return n, n.figures.ScoreBound(d.pod, opts), true
+		return n, n.figures.ScoreBound(d.pod, opts), false, true
 	}
-	fit := func(i int, n *nodeState, bound vgpu.NodeScore) {
-		// A Raw below the best's by more than vgpu.NodeScore.Compare's
-		// tolerance cannot tie it.
-		if int64(bound.Value) < best.Load() || bound.Raw < math.Float64frombits(bestRaw.Load())-rawTolerance {
+	// below reports whether no placement under bound can tie the best
+	// score found.
+	below := func(bound vgpu.NodeScore) bool {
+		b := best.Load()
+		return b != nil && bound.CannotReach(*b)
+	}
+	fit := func(i int, n *nodeState, bound vgpu.NodeScore, byGPU bool) {
+		// The node's figures first, then its GPUs' (which the fit
+		// would read anyway), remembered for the pods of the shape
+		// that follow while the node does not change.
+		out := below(bound)
+		if !out && !byGPU {
+			bound = n.summary.ScoreBoundByGPU(d.pod, opts)
+			if n.summaryWorkload == st.workload {
+				n.verdicts.put(d.key, n.gen, verdict{bounded: true, score: bound})
+			}
+			out = below(bound)
+		}
+		if out {
 			verdicts[i] = verdict{fits: true, score: vgpu.NodeScore{Value: unjudged}, node: n.index}
 			return
 		}
@@ -94,13 +106,13 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	leads := buf.leads[:0]
 	for i := 0; i < len(names); i += stride {
 		done[i] = true
-		if n, bound, ok := screen(i); ok {
-			leads = append(leads, lead{i, n, bound})
+		if n, bound, byGPU, ok := screen(i); ok {
+			leads = append(leads, lead{i, n, bound, byGPU})
 		}
 	}
 	slices.SortFunc(leads, func(a, b lead) int { return b.bound.Compare(a.bound) })
 	for _, l := range leads {
-		fit(l.i, l.n, l.bound)
+		fit(l.i, l.n, l.bound, l.byGPU)
 	}
 	buf.leads = leads
 	defer clear(leads) // the pool keeps no node alive
@@ -108,8 +120,8 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 		if done[i] {
 			return
 		}
-		if n, bound, ok := screen(i); ok {
-			fit(i, n, bound)
+		if n, bound, byGPU, ok := screen(i); ok {
+			fit(i, n, bound, byGPU)
 		}
 	})
 }
@@ -119,17 +131,14 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 // first, for a best score to bound the others by.
 const sampleNodes = 64
 
-// rawTolerance is how far below the best Raw a node's bound must be for
-// evaluateBest to leave it unfitted: above vgpu.NodeScore.Compare's own
-// tolerance for Raws summed in different orders.
-const rawTolerance = 1e-9
-
 // lead is a node of evaluateBest's sample left undecided by the screen:
-// its position in the candidates, its state and its bound.
+// its position in the candidates, its state and its bound (byGPU: its
+// summary's ScoreBoundByGPU).
 type lead struct {
 	i     int
 	n     *nodeState
 	bound vgpu.NodeScore
+	byGPU bool
 }
 
 // boundBuffers are evaluateBest's per-node slices, kept between calls.

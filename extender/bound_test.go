@@ -56,14 +56,15 @@ func testFilterBestEqualsFullScan(t *testing.T, policy vgpu.Policy, shapes []ben
 		if err != nil {
 			t.Fatal(err)
 		}
-		// What this Filter left unfitted has no verdict remembered.
+		// What this Filter left unfitted has no verdict remembered, or
+		// only a bound.
 		for _, name := range names {
 			n := s.state.nodes[name]
 			if _, ok := n.figures.Reject(d.pod); ok {
 				continue
 			}
 			undecided++
-			if _, ok := n.verdicts.get(d.key, n.gen); !ok {
+			if v, ok := n.verdicts.get(d.key, n.gen); !ok || v.bounded {
 				spared++
 			}
 		}

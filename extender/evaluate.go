@@ -130,7 +130,12 @@ type verdict struct {
 	// (vgpu.Score: Filter passes the nodes that tie the best one, and
 	// Prioritize answers its Value scaled), and, for a bind, allocation is
 	// set.
-	fits       bool
+	fits bool
+	// bounded marks an entry of a node's verdictCache that holds no
+	// verdict: score is then only a bound on the node's score for the
+	// pod's shape (vgpu.NodeSummary.ScoreBoundByGPU), which evaluateBest
+	// remembers rather than read the node's GPUs again.
+	bounded    bool
 	score      vgpu.NodeScore
 	allocation *vgpu.PodAllocation
 	// reason and message say why not. message is empty for a Fit reason
@@ -183,7 +188,8 @@ func (s *Scheduler) judgeLocked(n *nodeState, d *demand, now time.Time) verdict 
 // screenLocked is what judgeLocked decides without fitting the pod on the
 // node's GPUs: readiness, the pod's own earlier usage, a bind, the
 // summary's Reject and a remembered verdict. decided is false when only
-// fitLocked can tell. Callers hold st.mu.
+// fitLocked can tell; v is then empty, or a remembered bound (v.bounded).
+// Callers hold st.mu.
 func (s *Scheduler) screenLocked(n *nodeState, d *demand, now time.Time) (v verdict, decided bool) {
 	st := s.state
 	// A pod without GPUs needs no device plugin.
@@ -208,7 +214,7 @@ func (s *Scheduler) screenLocked(n *nodeState, d *demand, now time.Time) (v verd
 	// Verdicts found before a new workload snapshot are stale until the
 	// node's summary is rebuilt for it.
 	if v, ok := n.verdicts.get(d.key, n.gen); ok && n.summaryWorkload == st.workload {
-		return v, true
+		return v, !v.bounded // a bound leaves the node undecided
 	}
 	return verdict{}, false
 }

@@ -86,25 +86,25 @@ func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
 			}
 			for mask := c.mask; mask != 0; mask &= mask - 1 {
 				si := bits.TrailingZeros64(mask)
-				weight := f.weight[0].at(&w.shapes[si], si, f.cnt[si])
+				weight := f.weight[0].at(&w.shapes[si], si, f.cnt[si]) // 0 for a shape out of the node's reach
 				usable += weight
-				if f.cnt[si] >= w.shapes[si].GPUs {
-					used += weight * value
-				}
+				used += weight * value
 			}
-			s.maxCellFrag = max(s.maxCellFrag, free-used)
 		}
-		s.maxUnusable = max(s.maxUnusable, 1-usable)
+		c.unusable, c.frag = 1-usable, 1-c.share-used
+		s.maxUnusable = max(s.maxUnusable, c.unusable)
+		s.maxCellFrag = max(s.maxCellFrag, c.frag)
 	}
 }
 
-// ScoreBound returns a node score whose Value and Raw the placement
+// ScoreBound returns a node score whose Value, Raw and Tie the placement
 // NodeSummary.Fit(pod, opts) gives on this node never exceeds, from the
 // summary's figures alone. For a scheduler that wants only the nodes of
 // the best score, a node need not be fitted when its bound's Value is
 // below the best Value found, or its Raw below the best Raw found (Value
 // never rises when Raw falls; under fragmentation most nodes of a cluster
-// may tie at one Value). For a pod of one slice (as Reject takes) the
+// may tie at one Value), or its Raw no higher and its Tie below (many
+// nodes tie at one Raw too, where a slice changes no fragmentation). For a pod of one slice (as Reject takes) the
 // slice raises one GPU's used share, by at most rise (its memory or cores
 // over the smallest GPU's, or a GPU's whole free share when it takes the
 // last slot), so Raw is at most:
@@ -129,11 +129,12 @@ func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
 //     each GPU that grows as GPUs drop out of their reach, and counting
 //     expected fills a slice may leave its GPU's free share worth more.
 //
-// Value is what Score gives that Raw. Other pods get MaxScore and an
-// infinite Raw: no bound. Safe for concurrent use.
+// Value is what Score gives that Raw. Tie, under PolicyFragmentation, is
+// (used + rise) / healthy GPUs (0 otherwise, as Score's). Other pods get
+// MaxScore and an infinite Raw and Tie: no bound. Safe for concurrent use.
 func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) NodeScore {
 	if !oneSlice(pod) {
-		return NodeScore{Value: MaxScore, Raw: math.Inf(1)}
+		return NodeScore{Value: MaxScore, Raw: math.Inf(1), Tie: math.Inf(1)}
 	}
 	if s.healthy == 0 || s.sliceable == 0 {
 		return NodeScore{} // Score of a node with no healthy GPU; nothing fits else
@@ -151,49 +152,99 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) NodeScore {
 	}
 	rise = min(rise, 1)
 	healthy := float64(s.healthy)
-	var raw, value float64
+	var raw, value, tie float64
 	switch resolve(pod.Constraints.NodePolicy, opts.NodePolicy) {
 	case PolicySpread:
 		raw = 1 - s.usedBefore/healthy
 		value = MaxScore * raw
 	case PolicyFragmentation:
-		measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
-		switch unbounded := s.unboundedAfter(pod, opts.Workload, measured); {
-		case !unbounded:
-			// A host that bounds what some classes can use gives them
-			// a share of each GPU that grows as GPUs drop out of their
-			// reach: the slice may then lower fragmentation by more
-			// than it takes.
-			rise = 1
-		case opts.Workload != nil && opts.Workload.fill != nil:
-			// Counting expected fills, a slice may leave its GPU's
-			// free share worth more than before (0.41 that slices
-			// fill well, from 0.88 that none does): up to all of the
-			// GPU's free share, or, measured, of its fragmentation.
-			rise = 1
-			if measured {
-				rise = s.maxCellFrag
-			}
-		case measured:
-			// Of the capacity the slice takes, what the classes that
-			// can use the GPU could use was not fragmented; nor is more
-			// of it than the GPU's fragmentation.
-			rise = min(rise*s.maxUnusable, s.maxCellFrag)
-		}
-		if measured {
-			// Fragmentation is never below 0: no pod lowers it by more
-			// than it is.
-			rise = min(rise, s.fragBefore)
-		}
-		raw = rise
-		value = MaxScore/2 + MaxScore/4*rise
+		raw = s.fragFall(pod, opts, rise, s.maxUnusable, s.maxCellFrag)
+		value = MaxScore/2 + MaxScore/4*raw
+		tie = (s.usedBefore + rise) / healthy
 	default:
 		raw = (s.usedBefore + rise) / healthy
 		value = MaxScore * raw
 	}
 	// Score sums the shares in another order; boundSlack covers the
 	// difference before Score rounds.
-	return NodeScore{Value: int(math.Round(min(max(value+boundSlack, 0), MaxScore))), Raw: raw + boundSlack}
+	return NodeScore{Value: int(math.Round(min(max(value+boundSlack, 0), MaxScore))), Raw: raw + rawSlack, Tie: tie + rawSlack}
+}
+
+// fragFall is how far a slice that raises its GPU's used share by rise
+// can lower the node's fragmentation (ScoreBound), when the share of
+// opts.Workload that cannot use that GPU's free capacity is at most
+// unusable and the GPU holds at most cellFrag of the fragmentation.
+func (s *NodeFigures) fragFall(pod PodDemand, opts FitOptions, rise, unusable, cellFrag float64) float64 {
+	measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
+	switch unbounded := s.unboundedAfter(pod, opts.Workload, measured); {
+	case !unbounded:
+		// A host that bounds what some classes can use gives them a
+		// share of each GPU that grows as GPUs drop out of their reach:
+		// the slice may then lower fragmentation by more than it takes.
+		rise = 1
+	case opts.Workload != nil && opts.Workload.fill != nil:
+		// Counting expected fills, a slice may leave its GPU's free
+		// share worth more than before (0.41 that slices fill well, from
+		// 0.88 that none does): up to all of the GPU's free share, or,
+		// measured, of its fragmentation.
+		rise = 1
+		if measured {
+			rise = cellFrag
+		}
+	case measured:
+		// Of the capacity the slice takes, what the classes that can use
+		// the GPU could use was not fragmented; nor is more of it than
+		// the GPU's fragmentation.
+		rise = min(rise*unusable, cellFrag)
+	}
+	if measured {
+		// Fragmentation is never below 0: no pod lowers it by more than
+		// it is.
+		rise = min(rise, s.fragBefore)
+	}
+	return rise
+}
+
+// ScoreBoundByGPU is ScoreBound with the fragmentation of each GPU the
+// slice fits on read from the summary's cells: for PolicyFragmentation,
+// the most that one of those GPUs can lower the node's fragmentation by
+// (the slice's own rise of its used share, the share of the workload that
+// cannot use it and the fragmentation it holds, as ScoreBound takes the
+// most of each over all GPUs with a free slot). A node where the slice
+// fits no GPU gets ScoreBound's answer. It reads the GPUs' cells, so
+// a scheduler asks it only of the nodes that ScoreBound could not leave
+// out. Safe for concurrent use.
+func (s *NodeSummary) ScoreBoundByGPU(pod PodDemand, opts FitOptions) NodeScore {
+	bound := s.ScoreBound(pod, opts)
+	if !oneSlice(pod) || s.frag == nil || s.frag.masks == nil || s.w != s.fragWorkload ||
+		resolve(pod.Constraints.NodePolicy, opts.NodePolicy) != PolicyFragmentation {
+		return bound
+	}
+	cr := pod.Request.Containers[0]
+	split := s.inv.SplitCount
+	fall, rises, fits := 0.0, 0.0, false
+	for i := range s.cells {
+		// quickFit's checks of whether the slice fits the GPU.
+		c := &s.cells[i]
+		use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
+		if cr.MemoryMiB == 0 {
+			use.MemoryMiB = c.schedulableMiB * int64(cr.MemoryPercent) / MaxPercent
+		}
+		if c.exclusive != 0 || c.slices+1 > split || use.MemoryMiB <= 0 ||
+			c.memMiB+use.MemoryMiB > c.schedulableMiB || c.cores+use.CoresPercent > c.coresCap {
+			continue
+		}
+		rise := shareOf(c.usage().add(use, 1), c.schedulableMiB, c.coresCap, split) - c.share
+		fall, rises, fits = max(fall, s.fragFall(pod, opts, rise, c.unusable, c.frag)), max(rises, rise), true
+	}
+	if !fits {
+		return bound
+	}
+	return NodeScore{
+		Value: min(bound.Value, int(math.Round(min(max(MaxScore/2+MaxScore/4*fall+boundSlack, 0), MaxScore)))),
+		Raw:   min(bound.Raw, fall+rawSlack),
+		Tie:   min(bound.Tie, (s.usedBefore+rises)/float64(s.healthy)+rawSlack),
+	}
 }
 
 // unboundedAfter reports whether, once pod is placed, the node's host
@@ -213,6 +264,29 @@ func (s *NodeFigures) unboundedAfter(pod PodDemand, w *Workload, measured bool) 
 	room := HostResources{CPUMilli: s.host.CPUMilli - pod.Host.CPUMilli, MemoryMiB: s.host.MemoryMiB - pod.Host.MemoryMiB}
 	return w.feedsAll(room, w.hostFeeds(room), s.gpus)
 }
+
+// CannotReach reports whether no placement whose score is at or under s,
+// a bound from ScoreBound or ScoreBoundByGPU, ties or beats best under
+// Compare: its Value is lower, or its Raw lower by more than Compare's
+// tolerance (and the bound's slack), or its Raw no higher (the bound's Raw
+// leaves Compare's tolerance for rounding, so the placement's cannot be
+// higher) and its Tie lower.
+func (s NodeScore) CannotReach(best NodeScore) bool {
+	return s.Value < best.Value || s.Raw < best.Raw-boundTolerance ||
+		s.Raw <= best.Raw+scoreEpsilon && s.Tie < best.Tie-boundTolerance
+}
+
+// boundTolerance is how far below the best's a bound's Raw or Tie must be
+// for CannotReach: far above Compare's tolerance and the bound's slack.
+const boundTolerance = 1e-9
+
+// rawSlack is what ScoreBound adds to the Raw and Tie it bounds: above
+// the rounding error of summing a node's shares (about 1e-14 for the
+// sums of a node's GPUs and a workload's shapes), and no more than
+// NodeScore.Compare's tolerance, so that a node whose Raw bound is at
+// most the best Raw found plus that tolerance cannot beat it, and ties
+// it at best.
+const rawSlack = scoreEpsilon
 
 // boundSlack is what ScoreBound adds before it rounds, far above the
 // rounding error of summing a node's shares and far below a score step.

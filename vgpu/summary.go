@@ -50,6 +50,11 @@ type gpuCell struct {
 	// (fragModel.valueAt), when fragSummary.fill.
 	fill     []float64
 	admitted float64
+	// unusable and frag are, for a GPU with a free slot, the share of
+	// the summary's workload that cannot use its free capacity and the
+	// fragmentation it holds (NodeFigures.maxUnusable and maxCellFrag
+	// over one GPU), for ScoreBoundByGPU.
+	unusable, frag float64
 }
 
 // fragSummary is the node's fragmentation before a pod, for one workload.

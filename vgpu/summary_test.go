@@ -17,7 +17,8 @@ import (
 // gives — placement, every figure to the bit, error — for each policy,
 // with the summary's own workload, another workload, none, and host
 // resources known or not; and that no placement scores above the node's
-// ScoreBound.
+// ScoreBound or its ScoreBoundByGPU, which is no higher than ScoreBound,
+// and that neither says the node cannot reach its own score.
 func TestSummaryFitEqualsFit(t *testing.T) {
 	t.Parallel()
 	// hosted asks for CPU and memory, so that hosts short of them bound
@@ -96,12 +97,21 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 							}
 							if wantErr == nil && !unscored {
 								// No placement scores above the node's bound.
-								if sc, b := vgpu.Score(got), sum.ScoreBound(d, opts); sc.Value > b.Value || sc.Raw > b.Raw {
+								sc, b := vgpu.Score(got), sum.ScoreBound(d, opts)
+								if sc.Value > b.Value || sc.Raw > b.Raw || sc.Tie > b.Tie {
 									t.Fatalf("round %d: placement scores %+v under %v, above the bound %+v", round, sc, policy, b)
 								} else if b.Value < vgpu.MaxScore && b.Value-sc.Value <= 1 {
 									tight++
 								}
-								if sc, b := vgpu.Score(got), sum.ScoreBound(d, opts); !math.IsInf(b.Raw, 1) && b.Raw-sc.Raw <= 1e-3 {
+								byGPU := sum.ScoreBoundByGPU(d, opts)
+								if sc.Value > byGPU.Value || sc.Raw > byGPU.Raw || sc.Tie > byGPU.Tie {
+									t.Fatalf("round %d: placement scores %+v under %v, above the bound by GPU %+v", round, sc, policy, byGPU)
+								} else if byGPU.Value > b.Value || byGPU.Raw > b.Raw || byGPU.Tie > b.Tie {
+									t.Fatalf("round %d: the bound by GPU %+v is above the node's %+v", round, byGPU, b)
+								} else if byGPU.CannotReach(sc) || b.CannotReach(sc) {
+									t.Fatalf("round %d: the bounds %+v and %+v say the node cannot reach its own score %+v", round, b, byGPU, sc)
+								}
+								if !math.IsInf(byGPU.Raw, 1) && byGPU.Raw-sc.Raw <= 1e-3 {
 									tightRaw++
 								}
 								bounded++
@@ -203,4 +213,40 @@ func oneSliceDemand(rng *rand.Rand) vgpu.PodDemand {
 	cons.GPUPolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation}[rng.IntN(4)]
 	cons.NodePolicy = []vgpu.Policy{"", vgpu.PolicyBinpack, vgpu.PolicySpread, vgpu.PolicyFragmentation}[rng.IntN(4)]
 	return vgpu.PodDemand{Request: vgpu.PodRequest{Containers: []vgpu.ContainerRequest{c}}, Constraints: cons}
+}
+
+// TestScoreBoundMultiGPUShapeOutOfReach checks the fragmentation bound on
+// a node with fewer GPUs than a shape of the workload needs: that shape
+// uses none of the node's free capacity, so a slice lowers the node's
+// fragmentation as if the shape were not in the workload, and the bound
+// must not count it as able to use the GPU.
+func TestScoreBoundMultiGPUShapeOutOfReach(t *testing.T) {
+	w := vgpu.NewWorkload(
+		vgpu.WorkloadClass{GPUs: 2, MemoryPercent: 10, Weight: 1},
+		vgpu.WorkloadClass{GPUs: 1, MemoryPercent: 10, Weight: 1},
+	)
+	node := vgpu.NodeInventory{Node: "n1", SplitCount: 2, MemoryScaling: 1, GPUs: []vgpu.GPU{
+		{UUID: "GPU-0", Index: 0, Model: "Tesla T4", TotalMemoryMiB: 16384, SchedulableMemoryMiB: 16384, CoresPercent: 100, Health: vgpu.Healthy},
+		{UUID: "GPU-1", Index: 1, Model: "Tesla T4", TotalMemoryMiB: 16384, SchedulableMemoryMiB: 16384, CoresPercent: 100, Health: vgpu.Healthy},
+	}}
+	// GPU-1's two slots are taken, so the two-GPU shape can use one GPU
+	// of the node: none of its free capacity.
+	usage := &vgpu.NodeUsage{}
+	for _, name := range []string{"a", "b"} {
+		usage.Add(vgpu.PodAllocation{Node: "n1", Containers: []vgpu.ContainerAllocation{{Name: name, GPUs: []vgpu.GPUSlice{{UUID: "GPU-1", MemoryMiB: 1024}}}}}, vgpu.PodRequest{})
+	}
+	sum := vgpu.Summarize(vgpu.NodeState{Inventory: node, Usage: usage}, w)
+	pod := vgpu.PodDemand{Request: vgpu.PodRequest{Containers: []vgpu.ContainerRequest{{Name: "main", GPUs: 1, MemoryPercent: 10}}}}
+	opts := vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation, GPUPolicy: vgpu.PolicyFragmentation, Workload: w}
+	p, err := sum.Fit(pod, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, b := vgpu.Score(p), sum.ScoreBound(pod, opts)
+	if sc.Raw <= 0 {
+		t.Fatalf("the slice lowers fragmentation by %v; the case needs it lowered", sc.Raw)
+	}
+	if sc.Value > b.Value || sc.Raw > b.Raw {
+		t.Errorf("placement scores %+v, above the bound %+v", sc, b)
+	}
 }
