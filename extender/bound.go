@@ -83,15 +83,16 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	}
 	fit := func(i int, n *nodeState, bound vgpu.NodeScore, byGPU bool) {
 		// The node's figures first, then its GPUs' (which the fit
-		// would read anyway), remembered for the pods of the shape
-		// that follow while the node does not change.
+		// would read anyway). A bound by GPU that leaves the node out is
+		// remembered for the pods of the shape that follow while the
+		// node does not change; one that does not is replaced by the
+		// fit's verdict.
 		out := below(bound)
 		if !out && !byGPU {
-			bound = n.summary.ScoreBoundByGPU(d.pod, opts)
-			if n.summaryWorkload == st.workload {
+			bound = n.summary.ScoreBoundByGPU(d.pod, opts, bound)
+			if out = below(bound); out && n.summaryWorkload == st.workload {
 				n.verdicts.put(d.key, n.gen, verdict{bounded: true, score: bound})
 			}
-			out = below(bound)
 		}
 		if out {
 			verdicts[i] = verdict{fits: true, score: vgpu.NodeScore{Value: unjudged}, node: n.index}

@@ -158,90 +158,129 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) NodeScore {
 		raw = 1 - s.usedBefore/healthy
 		value = MaxScore * raw
 	case PolicyFragmentation:
-		raw = s.fragFall(pod, opts, rise, s.maxUnusable, s.maxCellFrag)
+		raw = s.fallRule(pod, opts).fall(rise, s.maxUnusable, s.maxCellFrag)
 		value = MaxScore/2 + MaxScore/4*raw
 		tie = (s.usedBefore + rise) / healthy
 	default:
 		raw = (s.usedBefore + rise) / healthy
 		value = MaxScore * raw
 	}
-	// Score sums the shares in another order; boundSlack covers the
-	// difference before Score rounds.
-	return NodeScore{Value: int(math.Round(min(max(value+boundSlack, 0), MaxScore))), Raw: raw + rawSlack, Tie: tie + rawSlack}
+	return NodeScore{Value: boundValue(value), Raw: raw + rawSlack, Tie: tie + rawSlack}
 }
 
-// fragFall is how far a slice that raises its GPU's used share by rise
-// can lower the node's fragmentation (ScoreBound), when the share of
-// opts.Workload that cannot use that GPU's free capacity is at most
-// unusable and the GPU holds at most cellFrag of the fragmentation.
-func (s *NodeFigures) fragFall(pod PodDemand, opts FitOptions, rise, unusable, cellFrag float64) float64 {
+// boundValue is the Value bound of a score value: Score sums the shares
+// in another order, and boundSlack covers the difference before it
+// rounds.
+func boundValue(value float64) int {
+	return int(math.Round(min(max(value+boundSlack, 0), MaxScore)))
+}
+
+// fallRule is which figures bound how far a slice can lower a node's
+// fragmentation (ScoreBound): decided once per pod and node by
+// NodeFigures.fallRule, applied to each GPU by fall.
+type fallRule struct {
+	by fallBy
+	// limit is the node's fragmentation when measured against the pod's
+	// workload (no pod lowers it by more), else +Inf.
+	limit float64
+}
+
+// fallBy says what bounds the fall on one GPU.
+type fallBy int
+
+const (
+	// fallByRise: the free capacity the slice takes (every class can use
+	// at most what is free).
+	fallByRise fallBy = iota
+	// fallByUnusable: of that capacity, what the classes that can use
+	// the GPU could not; nor more than the GPU's fragmentation.
+	fallByUnusable
+	// fallByCell: the GPU's fragmentation.
+	fallByCell
+	// fallByWhole: a whole GPU.
+	fallByWhole
+)
+
+// fallRule decides the fallRule of pod on this node.
+func (s *NodeFigures) fallRule(pod PodDemand, opts FitOptions) fallRule {
 	measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
+	r := fallRule{limit: math.Inf(1)}
+	if measured {
+		// Fragmentation is never below 0: no pod lowers it by more than
+		// it is.
+		r.limit = s.fragBefore
+	}
 	switch unbounded := s.unboundedAfter(pod, opts.Workload, measured); {
 	case !unbounded:
 		// A host that bounds what some classes can use gives them a
 		// share of each GPU that grows as GPUs drop out of their reach:
 		// the slice may then lower fragmentation by more than it takes.
-		rise = 1
+		r.by = fallByWhole
 	case opts.Workload != nil && opts.Workload.fill != nil:
 		// Counting expected fills, a slice may leave its GPU's free
 		// share worth more than before (0.41 that slices fill well, from
 		// 0.88 that none does): up to all of the GPU's free share, or,
 		// measured, of its fragmentation.
-		rise = 1
+		r.by = fallByWhole
 		if measured {
-			rise = cellFrag
+			r.by = fallByCell
 		}
 	case measured:
-		// Of the capacity the slice takes, what the classes that can use
-		// the GPU could use was not fragmented; nor is more of it than
-		// the GPU's fragmentation.
-		rise = min(rise*unusable, cellFrag)
+		r.by = fallByUnusable
 	}
-	if measured {
-		// Fragmentation is never below 0: no pod lowers it by more than
-		// it is.
-		rise = min(rise, s.fragBefore)
-	}
-	return rise
+	return r
 }
 
-// ScoreBoundByGPU is ScoreBound with the fragmentation of each GPU the
-// slice fits on read from the summary's cells: for PolicyFragmentation,
-// the most that one of those GPUs can lower the node's fragmentation by
-// (the slice's own rise of its used share, the share of the workload that
-// cannot use it and the fragmentation it holds, as ScoreBound takes the
-// most of each over all GPUs with a free slot). A node where the slice
-// fits no GPU gets ScoreBound's answer. It reads the GPUs' cells, so
-// a scheduler asks it only of the nodes that ScoreBound could not leave
-// out. Safe for concurrent use.
-func (s *NodeSummary) ScoreBoundByGPU(pod PodDemand, opts FitOptions) NodeScore {
-	bound := s.ScoreBound(pod, opts)
-	if !oneSlice(pod) || s.frag == nil || s.frag.masks == nil || s.w != s.fragWorkload ||
+// fall is how far a slice that raises its GPU's used share by rise can
+// lower the node's fragmentation, when the share of the workload that
+// cannot use that GPU's free capacity is at most unusable and the GPU
+// holds at most cellFrag of the fragmentation.
+func (r fallRule) fall(rise, unusable, cellFrag float64) float64 {
+	switch r.by {
+	case fallByWhole:
+		rise = 1
+	case fallByCell:
+		rise = cellFrag
+	case fallByUnusable:
+		rise = min(rise*unusable, cellFrag)
+	}
+	return min(rise, r.limit)
+}
+
+// ScoreBoundByGPU narrows bound, the node's ScoreBound for pod, by reading
+// the summary's cells: for PolicyFragmentation, to the most that one of
+// the GPUs the slice fits on can lower the node's fragmentation by (its
+// own rise of the used share, the share of the workload that cannot use
+// it and the fragmentation it holds, where ScoreBound takes the most of
+// each over all GPUs with a free slot). A node where the slice fits no
+// GPU keeps bound. It reads the GPUs' cells, so a scheduler asks it only
+// of the nodes that ScoreBound could not leave out. Safe for concurrent
+// use.
+func (s *NodeSummary) ScoreBoundByGPU(pod PodDemand, opts FitOptions, bound NodeScore) NodeScore {
+	if !oneSlice(pod) || s.frag == nil || s.frag.masks == nil ||
 		resolve(pod.Constraints.NodePolicy, opts.NodePolicy) != PolicyFragmentation {
 		return bound
 	}
 	cr := pod.Request.Containers[0]
 	split := s.inv.SplitCount
+	rule := s.fallRule(pod, opts)
 	fall, rises, fits := 0.0, 0.0, false
 	for i := range s.cells {
 		// quickFit's checks of whether the slice fits the GPU.
 		c := &s.cells[i]
-		use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
-		if cr.MemoryMiB == 0 {
-			use.MemoryMiB = c.schedulableMiB * int64(cr.MemoryPercent) / MaxPercent
-		}
+		use := sliceUse(cr, c.schedulableMiB)
 		if c.exclusive != 0 || c.slices+1 > split || use.MemoryMiB <= 0 ||
 			c.memMiB+use.MemoryMiB > c.schedulableMiB || c.cores+use.CoresPercent > c.coresCap {
 			continue
 		}
 		rise := shareOf(c.usage().add(use, 1), c.schedulableMiB, c.coresCap, split) - c.share
-		fall, rises, fits = max(fall, s.fragFall(pod, opts, rise, c.unusable, c.frag)), max(rises, rise), true
+		fall, rises, fits = max(fall, rule.fall(rise, c.unusable, c.frag)), max(rises, rise), true
 	}
 	if !fits {
 		return bound
 	}
 	return NodeScore{
-		Value: min(bound.Value, int(math.Round(min(max(MaxScore/2+MaxScore/4*fall+boundSlack, 0), MaxScore)))),
+		Value: min(bound.Value, boundValue(MaxScore/2+MaxScore/4*fall)),
 		Raw:   min(bound.Raw, fall+rawSlack),
 		Tie:   min(bound.Tie, (s.usedBefore+rises)/float64(s.healthy)+rawSlack),
 	}

@@ -418,12 +418,19 @@ func initFitStateFrom(req PodRequest, node NodeInventory, base []GPUUsage, healt
 func (s *fitState) need(ci, gi int) GPUUsage {
 	cr := s.req.Containers[ci]
 	g := &s.node.GPUs[gi]
-	use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
-	if cr.MemoryMiB == 0 {
-		use.MemoryMiB = g.SchedulableMemoryMiB * int64(cr.MemoryPercent) / MaxPercent
-	}
+	use := sliceUse(cr, g.SchedulableMemoryMiB)
 	if cr.Exclusive {
 		use.MemoryMiB, use.Exclusive = g.SchedulableMemoryMiB, 1
+	}
+	return use
+}
+
+// sliceUse is what a shared slice of container cr holds on a GPU offering
+// schedulableMiB: its memory in MiB, or its share of that memory.
+func sliceUse(cr ContainerRequest, schedulableMiB int64) GPUUsage {
+	use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
+	if cr.MemoryMiB == 0 {
+		use.MemoryMiB = schedulableMiB * int64(cr.MemoryPercent) / MaxPercent
 	}
 	return use
 }

@@ -272,10 +272,7 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	nSeen := 0
 	for i := range s.cells {
 		cell := &s.cells[i]
-		use := GPUUsage{MemoryMiB: cr.MemoryMiB, CoresPercent: cr.CoresPercent, Slices: 1}
-		if cr.MemoryMiB == 0 {
-			use.MemoryMiB = cell.schedulableMiB * int64(cr.MemoryPercent) / MaxPercent
-		}
+		use := sliceUse(cr, cell.schedulableMiB)
 		if cell.exclusive != 0 || cell.slices+1 > split {
 			continue
 		}

@@ -103,7 +103,7 @@ func TestSummaryFitEqualsFit(t *testing.T) {
 								} else if b.Value < vgpu.MaxScore && b.Value-sc.Value <= 1 {
 									tight++
 								}
-								byGPU := sum.ScoreBoundByGPU(d, opts)
+								byGPU := sum.ScoreBoundByGPU(d, opts, b)
 								if sc.Value > byGPU.Value || sc.Raw > byGPU.Raw || sc.Tie > byGPU.Tie {
 									t.Fatalf("round %d: placement scores %+v under %v, above the bound by GPU %+v", round, sc, policy, byGPU)
 								} else if byGPU.Value > b.Value || byGPU.Raw > b.Raw || byGPU.Tie > b.Tie {
