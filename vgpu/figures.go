@@ -204,7 +204,7 @@ const (
 // fallRule decides the fallRule of pod on this node.
 func (s *NodeFigures) fallRule(pod PodDemand, opts FitOptions) fallRule {
 	measured := s.fragWorkload != nil && opts.Workload == s.fragWorkload
-	r := fallRule{limit: math.Inf(1)}
+	r := fallRule{by: fallByRise, limit: math.Inf(1)}
 	if measured {
 		// Fragmentation is never below 0: no pod lowers it by more than
 		// it is.
