@@ -53,12 +53,17 @@ func (a PodAllocation) Container(name string) (ContainerAllocation, bool) {
 }
 
 // Validate reports every way a breaks the rules stated on its fields: empty
-// node, no containers, empty or repeated container name, no slices, empty
-// UUID, the same GPU twice in one container, MemoryMiB not above 0,
-// CoresPercent outside 0..100. Errors name the field path (e.g.
-// "containers[0].gpus[1].uuid") and the value. The extender calls it before
+// node, no containers, empty or repeated container name, no slices, more
+// than MaxGPUsPerContainer slices in a container, empty UUID, the same GPU
+// twice in one container, MemoryMiB not above 0, CoresPercent outside
+// 0..100. Errors name the field path (e.g. "containers[0].gpus[1].uuid")
+// and the value. More than MaxGPUContainersPerPod containers is reported
+// alone, before the containers are read. The extender calls it before
 // publishing; ParsePodAllocation calls it after decoding.
 func (a PodAllocation) Validate() error {
+	if len(a.Containers) > MaxGPUContainersPerPod {
+		return fmt.Errorf("containers: %d entries: must be at most %d", len(a.Containers), MaxGPUContainersPerPod)
+	}
 	var errs []error
 	if a.Node == "" {
 		errs = append(errs, errors.New("node: must not be empty"))
@@ -76,8 +81,12 @@ func (a PodAllocation) Validate() error {
 		} else {
 			names[c.Name] = i
 		}
-		if len(c.GPUs) == 0 {
+		switch {
+		case len(c.GPUs) == 0:
 			errs = append(errs, fmt.Errorf("%s.gpus: must not be empty", path))
+		case len(c.GPUs) > MaxGPUsPerContainer:
+			errs = append(errs, fmt.Errorf("%s.gpus: %d slices: must be at most %d, one per GPU", path, len(c.GPUs), MaxGPUsPerContainer))
+			continue
 		}
 		uuids := make(map[string]int, len(c.GPUs))
 		for k, s := range c.GPUs {

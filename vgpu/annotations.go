@@ -272,7 +272,8 @@ func ParsePluginHeartbeat(s string) (PluginHeartbeat, error) {
 
 // EncodePodAllocation returns the AnnotationPodAllocation value for a:
 // compact JSON, the same bytes for equal inputs, containers and slices in a's
-// order. It fails when a breaks PodAllocation.Validate.
+// order. It fails when a breaks PodAllocation.Validate or the value would be
+// longer than MaxPodAllocationLength, which ParsePodAllocation refuses.
 func EncodePodAllocation(a PodAllocation) (string, error) {
 	if err := a.Validate(); err != nil {
 		return "", fmt.Errorf("encode %s: %w", AnnotationPodAllocation, err)
@@ -285,12 +286,21 @@ func EncodePodAllocation(a PodAllocation) (string, error) {
 		}
 		w.Containers = append(w.Containers, wc)
 	}
-	return encode(AnnotationPodAllocation, w)
+	v, err := encode(AnnotationPodAllocation, w)
+	if err == nil && len(v) > MaxPodAllocationLength {
+		return "", fmt.Errorf("encode %s: %d bytes: must be at most %d", AnnotationPodAllocation, len(v), MaxPodAllocationLength)
+	}
+	return v, err
 }
 
-// ParsePodAllocation reads an AnnotationPodAllocation value. Any error wraps
-// ErrMalformed or ErrUnknownVersion and comes with a zero PodAllocation.
+// ParsePodAllocation reads an AnnotationPodAllocation value of at most
+// MaxPodAllocationLength bytes; a longer one is malformed before it is
+// decoded. Any error wraps ErrMalformed or ErrUnknownVersion and comes with a
+// zero PodAllocation.
 func ParsePodAllocation(s string) (PodAllocation, error) {
+	if len(s) > MaxPodAllocationLength {
+		return PodAllocation{}, fmt.Errorf("parse %s: %w: %d bytes: must be at most %d", AnnotationPodAllocation, ErrMalformed, len(s), MaxPodAllocationLength)
+	}
 	var w podAllocationV1
 	if err := decode(s, &w); err != nil {
 		return PodAllocation{}, fmt.Errorf("parse %s: %w", AnnotationPodAllocation, err)

@@ -128,7 +128,9 @@ type WorkloadClass struct {
 	CoresPercent int
 	// Exclusive means whole, untouched GPUs.
 	Exclusive bool
-	// Models and ExcludeModels filter GPU models as in Constraints.
+	// Models and ExcludeModels filter GPU models as in Constraints, each
+	// within Constraints' limits: at most MaxListItems items of at most
+	// MaxListItemLength bytes (AddClass drops a class beyond them).
 	Models, ExcludeModels []string
 	// Host is the CPU and memory such pods request; zero fits any host.
 	Host HostResources
@@ -138,8 +140,8 @@ type WorkloadClass struct {
 }
 
 // NewWorkload returns a Workload of classes; classes equal but for Weight
-// are merged, adding their weights. Classes with GPUs < 0 or Weight <= 0
-// are dropped.
+// are merged, adding their weights. Classes with GPUs < 0, Weight <= 0 or a
+// model filter beyond Constraints' limits are dropped.
 func NewWorkload(classes ...WorkloadClass) *Workload {
 	w := &Workload{}
 	for _, c := range classes {
@@ -303,7 +305,8 @@ func (w *Workload) Snapshot(maxClasses int) *Workload {
 // stay. A pod without GPU containers adds no class: it uses no GPU
 // capacity, and what its CPU takes from the pods that do is counted by
 // their host bound (see Fragmentation). It still counts towards the half
-// life, which is in pods seen.
+// life, which is in pods seen. A pod whose model filter is beyond
+// Constraints' limits adds no class either (AddClass).
 func (w *Workload) Add(pod PodDemand) {
 	if w.halfLife > 0 {
 		w.age()
@@ -373,8 +376,13 @@ func demandGPUs(gpus int, exclusive bool, memoryPercent, coresPercent int) float
 }
 
 // AddClass adds c to w, merging it with an equal class (see NewWorkload).
+// A class whose Models or ExcludeModels hold more than MaxListItems items,
+// or an item longer than MaxListItemLength, is dropped: Fit and
+// Fragmentation test every class's filter on every GPU they measure, so a
+// workload that learnt one from a pod the webhook never saw would make
+// every later placement slow, for as long as the class lasts.
 func (w *Workload) AddClass(c WorkloadClass) {
-	if c.GPUs < 0 || !(c.Weight > 0) {
+	if c.GPUs < 0 || !(c.Weight > 0) || !boundedFilter(c.Models) || !boundedFilter(c.ExcludeModels) {
 		return
 	}
 	w.adds++
@@ -401,6 +409,13 @@ func (w *Workload) AddClass(c WorkloadClass) {
 	}
 	w.classes = append(w.classes, c)
 	w.shapeOf = append(w.shapeOf, shape)
+}
+
+// boundedFilter reports whether models is within the limits of a
+// Constraints list: at most MaxListItems items of at most MaxListItemLength
+// bytes.
+func boundedFilter(models []string) bool {
+	return len(models) <= MaxListItems && !slices.ContainsFunc(models, func(m string) bool { return len(m) > MaxListItemLength })
 }
 
 func sameShape(a, b WorkloadClass) bool {

@@ -94,6 +94,8 @@ func IsSidecar(c *corev1.Container) bool {
 //   - ResourceMemoryPercentage and ResourceCores are integers from 1 to 100.
 //   - ResourceMemory and ResourceMemoryPercentage exclude each other.
 //   - ResourceGPU alone means whole GPUs (Exclusive).
+//   - At most MaxGPUContainersPerPod containers and init containers ask
+//     for GPUs; the first one over is reported.
 //
 // On any violation it returns a zero PodRequest and every problem at once,
 // joined with errors.Join, each a *RequestError, in container order then
@@ -105,17 +107,28 @@ func RequestFromPod(pod *corev1.Pod) (PodRequest, error) {
 	}
 	var req PodRequest
 	var errs []error
-	add := func(c ContainerRequest, ok bool, cerrs []error) {
+	gpuContainers := 0
+	add := func(res corev1.ResourceRequirements, c ContainerRequest, ok bool, cerrs []error) {
 		errs = append(errs, cerrs...)
-		if ok && len(cerrs) == 0 {
+		if !ok {
+			return
+		}
+		if gpuContainers++; gpuContainers == MaxGPUContainersPerPod+1 {
+			name, q := firstResource(res)
+			errs = append(errs, &RequestError{Container: c.Name, Init: c.Init, Resource: string(name), Value: q.String(), Allowed: fmt.Sprintf(
+				"a pod may have at most %d containers and init containers that ask for GPUs, and this is one more", MaxGPUContainersPerPod)})
+		}
+		if len(cerrs) == 0 {
 			req.Containers = append(req.Containers, c)
 		}
 	}
 	for _, c := range pod.Spec.InitContainers {
-		add(containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: IsSidecar(&c)}, c.Resources))
+		r, ok, cerrs := containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: IsSidecar(&c)}, c.Resources)
+		add(c.Resources, r, ok, cerrs)
 	}
 	for _, c := range pod.Spec.Containers {
-		add(containerRequest(ContainerRequest{Name: c.Name}, c.Resources))
+		r, ok, cerrs := containerRequest(ContainerRequest{Name: c.Name}, c.Resources)
+		add(c.Resources, r, ok, cerrs)
 	}
 	if len(errs) > 0 {
 		return PodRequest{}, errors.Join(errs...)
@@ -191,6 +204,20 @@ func containerRequest(r ContainerRequest, res corev1.ResourceRequirements) (Cont
 		r.MemoryPercent = MaxPercent
 	}
 	return r, true, errs
+}
+
+// firstResource returns the first of Resources that res sets, in its limits
+// or else its requests.
+func firstResource(res corev1.ResourceRequirements) (corev1.ResourceName, resource.Quantity) {
+	for _, name := range Resources() {
+		if q, ok := res.Limits[name]; ok {
+			return name, q
+		}
+		if q, ok := res.Requests[name]; ok {
+			return name, q
+		}
+	}
+	return "", resource.Quantity{}
 }
 
 // integerInRange returns q as an integer when it is one from 1 to upper.
