@@ -61,7 +61,8 @@ func TestWorkloadClassBounded(t *testing.T) {
 }
 
 // TestRequestGPUContainersBounded: a pod may ask for GPUs in at most
-// MaxGPUContainersPerPod containers; the first one over is named.
+// MaxGPUContainersPerPod containers; the first one over is named, and the
+// containers after it are not read.
 func TestRequestGPUContainersBounded(t *testing.T) {
 	t.Parallel()
 	pod := func(n int) *vgputest.PodBuilder {
@@ -75,10 +76,12 @@ func TestRequestGPUContainersBounded(t *testing.T) {
 	if err != nil || len(got.Containers) != vgpu.MaxGPUContainersPerPod {
 		t.Fatalf("RequestFromPod(%d GPU containers) = %d containers, %v; want them all", vgpu.MaxGPUContainersPerPod, len(got.Containers), err)
 	}
-	got, err = vgpu.RequestFromPod(pod(vgpu.MaxGPUContainersPerPod + 2).Obj())
+	// The container after the first one over is not read: its own
+	// problem is not reported.
+	got, err = vgpu.RequestFromPod(pod(vgpu.MaxGPUContainersPerPod + 1).Container("bad").Cores(150).Obj())
 	want := `container "c32": hami.io/gpu=1: a pod may have at most 32 containers and init containers that ask for GPUs, and this is one more`
 	if err == nil || err.Error() != want {
-		t.Fatalf("RequestFromPod(34 GPU containers) error = %v, want\n%s", err, want)
+		t.Fatalf("RequestFromPod(35 GPU containers) error = %v, want\n%s", err, want)
 	}
 	var re *vgpu.RequestError
 	if !errors.As(err, &re) {

@@ -95,7 +95,8 @@ func IsSidecar(c *corev1.Container) bool {
 //   - ResourceMemory and ResourceMemoryPercentage exclude each other.
 //   - ResourceGPU alone means whole GPUs (Exclusive).
 //   - At most MaxGPUContainersPerPod containers and init containers ask
-//     for GPUs; the first one over is reported.
+//     for GPUs; the first one over is reported, and the containers after
+//     it are not read.
 //
 // On any violation it returns a zero PodRequest and every problem at once,
 // joined with errors.Join, each a *RequestError, in container order then
@@ -122,11 +123,13 @@ func RequestFromPod(pod *corev1.Pod) (PodRequest, error) {
 			req.Containers = append(req.Containers, c)
 		}
 	}
-	for _, c := range pod.Spec.InitContainers {
-		r, ok, cerrs := containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: IsSidecar(&c)}, c.Resources)
+	for i := 0; i < len(pod.Spec.InitContainers) && gpuContainers <= MaxGPUContainersPerPod; i++ {
+		c := &pod.Spec.InitContainers[i]
+		r, ok, cerrs := containerRequest(ContainerRequest{Name: c.Name, Init: true, Sidecar: IsSidecar(c)}, c.Resources)
 		add(c.Resources, r, ok, cerrs)
 	}
-	for _, c := range pod.Spec.Containers {
+	for i := 0; i < len(pod.Spec.Containers) && gpuContainers <= MaxGPUContainersPerPod; i++ {
+		c := &pod.Spec.Containers[i]
 		r, ok, cerrs := containerRequest(ContainerRequest{Name: c.Name}, c.Resources)
 		add(c.Resources, r, ok, cerrs)
 	}

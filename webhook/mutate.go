@@ -18,9 +18,10 @@ import (
 // resourcePrefix marks the resources that make a pod a GPU pod.
 const resourcePrefix = "hami.io/"
 
-// maxShownValueLength bounds, in runes, an annotation value quoted in a
-// message.
-const maxShownValueLength = 64
+// maxShownProblems bounds the problems a denial lists; the rest are
+// counted. A pod of thousands of invalid containers gets a message of a
+// few kilobytes, not one line per container.
+const maxShownProblems = 16
 
 // Result is Mutate's decision on one pod.
 type Result struct {
@@ -60,10 +61,13 @@ type Result struct {
 //   - a GPU pod is denied when spec.nodeName is set (it would bypass the
 //     scheduler, so no allocation would ever be written for it), for
 //     invalid placement annotations
-//     (vgpu.ConstraintsFromPod), hami.io/* resources that vgpu does not know,
+//     (vgpu.ConstraintsFromPod, which also refuses values over vgpu's limits:
+//     vgpu.MaxPlacementValueLength, vgpu.MaxListItems,
+//     vgpu.MaxListItemLength), hami.io/* resources that vgpu does not know,
 //     GPU resources in a regular (non-restartable) init container, and any
 //     error of vgpu.RequestFromPod on the pod with the defaults below
-//     applied;
+//     applied (more than vgpu.MaxGPUContainersPerPod GPU containers
+//     included);
 //   - a valid GPU pod that cfg.DRA wants (it selects vgpu.LabelNodeMode=dra
 //     in spec.nodeSelector, or its namespace is in cfg.DRA.Namespaces and
 //     it selects no other mode) is allowed with a patch that adds the pod
@@ -86,6 +90,10 @@ type Result struct {
 //     vgpu resource) of containers that ask only for memory or cores, and
 //     rewrites vgpu.ResourceMemory written with a binary suffix ("10Gi") as
 //     a plain number of MiB ("10240") in limits and requests.
+//
+// A denial's message lists the problems in that order, at most
+// maxShownProblems of them, and quotes at most vgpu.MaxShownValueRunes runes
+// of any value.
 //
 // The returned error is not a denial: it means Mutate cannot decide (a nil
 // pod or a cfg that fails Validate). Mutate does not modify pod; it is pure,
@@ -168,11 +176,16 @@ func mutate(pod *corev1.Pod, cfg Config) Result {
 	return Result{Patch: ops, Allowed: true}
 }
 
-// deny returns the denial that lists problems in order.
+// deny returns the denial that lists problems in order, at most
+// maxShownProblems of them, then how many more there are.
 func deny(problems []error) Result {
-	msgs := make([]string, 0, len(problems))
-	for _, p := range problems {
+	shown := problems[:min(len(problems), maxShownProblems)]
+	msgs := make([]string, 0, len(shown)+1)
+	for _, p := range shown {
 		msgs = append(msgs, p.Error())
+	}
+	if more := len(problems) - len(shown); more > 0 {
+		msgs = append(msgs, fmt.Sprintf("and %d more problems", more))
 	}
 	return Result{Message: strings.Join(msgs, "; ")}
 }
@@ -186,14 +199,9 @@ func flatten(err error) []error {
 	return []error{err}
 }
 
-// shorten cuts s to maxShownValueLength runes, marking the cut.
-func shorten(s string) string {
-	r := []rune(s)
-	if len(r) <= maxShownValueLength {
-		return s
-	}
-	return string(r[:maxShownValueLength]) + "…"
-}
+// shorten is what a denial quotes of a value the pod's author wrote
+// (vgpu.Abbreviate).
+func shorten(s string) string { return vgpu.Abbreviate(s) }
 
 // unknownResourceRule is the rule unknownResources reports.
 var unknownResourceRule = func() string {

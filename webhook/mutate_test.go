@@ -158,6 +158,31 @@ func TestMutate(t *testing.T) {
 			Annotation(vgpu.AnnotationGPUPolicy, "pack").GPU(1).Obj(), std),
 		want: denied(`hami.io/numa-bind="yes": must be "true" or "false"; hami.io/gpu-policy="pack": must be one of binpack, spread, fragmentation`),
 	}, {
+		name: "200 KiB exclude list: denied with the key, the limit and the length, the value cut",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUModelExclude, strings.Repeat("40GB,", 40960)).GPU(1).Obj(), std),
+		want: denied(`hami.io/gpu-model-exclude="` + strings.Repeat("40GB,", 12) + `40GB…" (204800 bytes): must be at most 4096 bytes: at most 32 models of at most 96 bytes each`),
+	}, {
+		name: "33 UUIDs",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUUUID, uuids(33)).GPU(1).Obj(), std),
+		want: denied(`hami.io/gpu-uuid="` + uuids(33)[:64] + `…" (1352 bytes): must list at most 32 GPU UUIDs, not 33`),
+	}, {
+		name: "32 UUIDs: allowed",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUUUID, uuids(32)).GPU(1).Obj(), std),
+		want: allowed(setScheduler),
+	}, {
+		name: "a model name longer than NVML's",
+		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationGPUModel, "H100,"+strings.Repeat("A", 100)).GPU(1).Obj(), std),
+		want: denied(`hami.io/gpu-model="H100,` + strings.Repeat("A", 59) + `…" (105 bytes): each of the models must be at most 96 bytes: item 2 is 100 bytes`),
+	}, {
+		name: "33 GPU containers",
+		pod:  admitted(gpuContainers(33).Obj(), std),
+		want: denied(`container "c32": hami.io/gpu=1: a pod may have at most 32 containers and init containers that ask for GPUs, and this is one more`),
+	}, {
+		name: "many invalid containers: the first problems, then a count",
+		pod:  admitted(unknownResources(20).Obj(), std),
+		want: denied(strings.Repeat(`container "c": hami.io/gpumemory=1: unknown gpuslice resource: must be one of hami.io/gpu, hami.io/gpumem, hami.io/gpumem-percentage, hami.io/gpucores; `, 16) +
+			"and 4 more problems"),
+	}, {
 		name: "invalid enforcement requirement",
 		pod:  admitted(vgputest.Pod("p").Annotation(vgpu.AnnotationEnforcement, "strict").GPU(1).Obj(), std),
 		want: denied(`hami.io/enforcement="strict": must be "required" (any mechanism) or one of driver, hami-core, mps (that mechanism only); leave it unset to accept any node`),
@@ -228,6 +253,34 @@ func TestMutate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// uuids is n GPU UUIDs, comma-separated.
+func uuids(n int) string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i)
+	}
+	return strings.Join(out, ",")
+}
+
+// gpuContainers is a pod of n containers, c0 … c(n-1), that ask for a GPU.
+func gpuContainers(n int) *vgputest.PodBuilder {
+	b := vgputest.Pod("p")
+	for i := range n {
+		b.Container(fmt.Sprintf("c%d", i)).GPU(1)
+	}
+	return b
+}
+
+// unknownResources is a pod of n containers named c that ask for an
+// unknown hami.io resource.
+func unknownResources(n int) *vgputest.PodBuilder {
+	b := vgputest.Pod("p")
+	for range n {
+		b.Container("c").Limit("hami.io/gpumemory", "1")
+	}
+	return b
 }
 
 func TestMutateErrors(t *testing.T) {
