@@ -9,7 +9,7 @@ import (
 )
 
 // gpuPod is what the pod cache keeps of a pod that asks for a hami.io
-// resource or carries hami.io/ annotations: what Bind, the usage count and
+// resource or carries annotations the extender reads: what Bind, the usage count and
 // the online workload read of it. A trimmed corev1.Pod kept the same fields
 // in 1.3 KB, most of it the empty fields of its spec and status, and 400
 // bytes more per container; this keeps them in about a fifth, which at
@@ -22,7 +22,8 @@ type gpuPod struct {
 	Name, Namespace string
 	UID             types.UID
 	ResourceVersion string
-	// Annotations are the pod's hami.io/ annotations only.
+	// Annotations are the pod's annotations the extender reads, bounded
+	// (keepAnnotations).
 	Annotations       map[string]string
 	DeletionTimestamp *metav1.Time
 	NodeName          string
@@ -40,8 +41,8 @@ type gpuContainer struct {
 	RestartPolicy *corev1.ContainerRestartPolicy
 }
 
-// gpuPodOf is the trimmer's gpuPod of pod, with annotations its hami.io/
-// annotations. It shares pod's maps and slices, which the informer's
+// gpuPodOf is the trimmer's gpuPod of pod, with annotations those of
+// keepAnnotations. It shares pod's maps and slices, which the informer's
 // decoded object no longer needs.
 func gpuPodOf(pod *corev1.Pod, annotations map[string]string) *gpuPod {
 	return &gpuPod{

@@ -11,7 +11,7 @@ import (
 )
 
 // podMeta is what the pod cache keeps of a pod that asks for no hami.io
-// resource and carries no hami.io/ annotation — most pods of a cluster: its
+// resource and carries no annotation the extender reads — most pods of a cluster: its
 // identity, and what it takes of its node's CPU and memory, which the
 // fragmentation policy weighs (a GPU whose node has no CPU left for the
 // tasks that could use it is as good as taken). It is a runtime.Object only

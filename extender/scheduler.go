@@ -66,7 +66,7 @@ type Scheduler struct {
 	binds bindGate
 	// pods is the pod informer's store once WatchCluster started it;
 	// Bind reads pods from it. It holds *gpuPod for pods that ask for
-	// a hami.io resource or carry hami.io/ annotations and
+	// a hami.io resource or carry annotations the extender reads and
 	// *podMeta for the others (trimmer).
 	pods atomic.Pointer[cache.Indexer]
 	// synced is set once the informers' first lists are handled.
@@ -331,9 +331,10 @@ func (s *Scheduler) podArrival() func(obj any) {
 
 // trimmer returns the informers' transform: it drops from each object
 // what the extender never reads, to keep cluster-wide caches small. Of a
-// Pod that asks for a hami.io resource or carries hami.io/ annotations it
-// keeps a gpuPod: its identity, those annotations (not, say, kubectl's
-// last-applied-configuration), node, phase, overhead, claims and its
+// Pod that asks for a hami.io resource or carries an annotation the
+// extender reads (keepAnnotations) it keeps a gpuPod: its identity, those
+// annotations, bounded (not, say, kubectl's last-applied-configuration or
+// another hami.io/ key), node, phase, overhead, claims and its
 // containers' names, resources and restart policies. Every other pod — most pods of a
 // cluster, which the extender never binds — becomes a podMeta: its
 // identity, node, whether it finished and its CPU and memory request, a
@@ -373,17 +374,26 @@ func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.Transform
 	}
 }
 
-// keepAnnotations returns the hami.io/ annotations of a pod: its
-// allocation and its placement constraints.
+// keepAnnotations returns the annotations of a pod that the extender reads
+// (vgpu.PodAnnotationLimit): its allocation and its placement constraints;
+// nil when it has none. A value over its limit is kept as a copy of its
+// first limit+1 bytes, which the parsers reject as over the limit all the
+// same, so that what the cache keeps of a pod is bounded whatever the pod
+// carries.
 func keepAnnotations(in map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range in {
-		if strings.HasPrefix(k, vgpu.AnnotationPrefix) {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = v
+		limit, read := vgpu.PodAnnotationLimit(k)
+		if !read {
+			continue
 		}
+		if len(v) > limit {
+			v = strings.Clone(v[:limit+1])
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
 	}
 	return out
 }
