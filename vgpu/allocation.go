@@ -61,8 +61,8 @@ func (a PodAllocation) Container(name string) (ContainerAllocation, bool) {
 // alone, before the containers are read. The extender calls it before
 // publishing; ParsePodAllocation calls it after decoding.
 func (a PodAllocation) Validate() error {
-	if len(a.Containers) > MaxGPUContainersPerPod {
-		return fmt.Errorf("containers: %d entries: must be at most %d", len(a.Containers), MaxGPUContainersPerPod)
+	if err := tooManyContainers(len(a.Containers)); err != nil {
+		return err
 	}
 	var errs []error
 	if a.Node == "" {
@@ -85,7 +85,7 @@ func (a PodAllocation) Validate() error {
 		case len(c.GPUs) == 0:
 			errs = append(errs, fmt.Errorf("%s.gpus: must not be empty", path))
 		case len(c.GPUs) > MaxGPUsPerContainer:
-			errs = append(errs, fmt.Errorf("%s.gpus: %d slices: must be at most %d, one per GPU", path, len(c.GPUs), MaxGPUsPerContainer))
+			errs = append(errs, tooManySlices(i, len(c.GPUs)))
 			continue
 		}
 		uuids := make(map[string]int, len(c.GPUs))
@@ -107,4 +107,19 @@ func (a PodAllocation) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// tooManyContainers is the error of an allocation of n containers, or nil
+// when n is at most MaxGPUContainersPerPod.
+func tooManyContainers(n int) error {
+	if n <= MaxGPUContainersPerPod {
+		return nil
+	}
+	return fmt.Errorf("containers: %d entries: must be at most %d", n, MaxGPUContainersPerPod)
+}
+
+// tooManySlices is the error of container i's n slices, over
+// MaxGPUsPerContainer.
+func tooManySlices(i, n int) error {
+	return fmt.Errorf("containers[%d].gpus: %d slices: must be at most %d, one per GPU", i, n, MaxGPUsPerContainer)
 }

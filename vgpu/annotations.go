@@ -305,6 +305,17 @@ func ParsePodAllocation(s string) (PodAllocation, error) {
 	if err := decode(s, &w); err != nil {
 		return PodAllocation{}, fmt.Errorf("parse %s: %w", AnnotationPodAllocation, err)
 	}
+	// What is decoded is converted and checked field by field only within
+	// the counts a request may ask for.
+	err := tooManyContainers(len(w.Containers))
+	for i := 0; i < len(w.Containers) && err == nil; i++ {
+		if n := len(w.Containers[i].GPUs); n > MaxGPUsPerContainer {
+			err = tooManySlices(i, n)
+		}
+	}
+	if err != nil {
+		return PodAllocation{}, fmt.Errorf("parse %s: %w: %w", AnnotationPodAllocation, ErrMalformed, err)
+	}
 	var r required
 	a := PodAllocation{Node: need(&r, w.Node, "node")}
 	r.slice(w.Containers == nil, "containers")
@@ -442,10 +453,18 @@ func (r *required) slice(missing bool, path string) {
 	}
 }
 
+// maxShownMissing bounds the missing fields an error names; the rest are
+// counted.
+const maxShownMissing = 16
+
 // check returns nil when no field is missing and invalid is nil; else an
 // error wrapping ErrMalformed. Missing fields are reported alone, as the
-// zero values they leave would only add noise.
+// zero values they leave would only add noise, the first maxShownMissing
+// by path and the rest counted.
 func (r *required) check(invalid error) error {
+	if n := len(r.missing); n > maxShownMissing {
+		return fmt.Errorf("%w: missing required fields: %s and %d more", ErrMalformed, strings.Join(r.missing[:maxShownMissing], ", "), n-maxShownMissing)
+	}
 	if len(r.missing) > 0 {
 		return fmt.Errorf("%w: missing required fields: %s", ErrMalformed, strings.Join(r.missing, ", "))
 	}

@@ -205,6 +205,7 @@ func parseList(key, v, items string) ([]string, error) {
 		return nil, tooLong(key, v, items)
 	}
 	var out []string
+	n := 0 // items, those past MaxListItems counted only
 	for item := range strings.SplitSeq(v, ",") {
 		item = strings.TrimSpace(item)
 		switch {
@@ -212,12 +213,14 @@ func parseList(key, v, items string) ([]string, error) {
 			continue
 		case len(item) > MaxListItemLength:
 			return nil, &AnnotationError{Key: key, Value: v, Allowed: fmt.Sprintf(
-				"each of the %s must be at most %d bytes: item %d is %d bytes", items, MaxListItemLength, len(out)+1, len(item))}
+				"each of the %s must be at most %d bytes: item %d is %d bytes", items, MaxListItemLength, n+1, len(item))}
 		}
-		out = append(out, item)
+		if n++; n <= MaxListItems {
+			out = append(out, item)
+		}
 	}
-	if len(out) > MaxListItems {
-		return nil, &AnnotationError{Key: key, Value: v, Allowed: fmt.Sprintf("must list at most %d %s, not %d", MaxListItems, items, len(out))}
+	if n > MaxListItems {
+		return nil, &AnnotationError{Key: key, Value: v, Allowed: fmt.Sprintf("must list at most %d %s, not %d", MaxListItems, items, n)}
 	}
 	return out, nil
 }

@@ -2,8 +2,11 @@ package vgpu_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -71,12 +74,39 @@ func FuzzParsePluginHeartbeat(f *testing.F) {
 	})
 }
 
+// FuzzParsePodAllocation checks fuzzParse's properties and a cost bound:
+// the value is on pods, which the extender parses under its state's lock
+// and the device plugin on every container start, so a parse allocates at
+// most allocationBudget of its length (TestPodAllocationLimits checks that
+// a value over MaxPodAllocationLength is refused for the cost of its
+// error).
 func FuzzParsePodAllocation(f *testing.F) {
 	addGolden(f, "gpu-allocation.json")
 	f.Add(`{"version":1,"node":"n","containers":[{"name":"c","init":false,"gpus":[{"uuid":"u","memoryMiB":1,"coresPercent":0}]}]}`)
+	f.Add(`{"version":1,"node":"n","containers":[` + strings.Repeat(`{},`, 2000) + `{}]}`)
+	f.Add(`{"version":1,"node":"n","containers":[{"name":"c","init":false,"gpus":[` + strings.Repeat(`{},`, 2000) + `{}]}]}`)
+	f.Add(`{"version":1,"node":"n","containers":[` + strings.Repeat(`{"name":"c","init":false,"gpus":[{"uuid":"u","memoryMiB":1,"coresPercent":0}]},`, 31) + `{}]}`)
+	f.Add(strings.Repeat("[", 5000))
 	f.Fuzz(func(t *testing.T, s string) {
 		fuzzParse(t, s, vgpu.ParsePodAllocation, vgpu.EncodePodAllocation)
+		got := vgputest.Measure(1, func() { _, _ = vgpu.ParsePodAllocation(s) })
+		if budget := allocationBudget(s); !got.Within(budget) {
+			t.Fatalf("ParsePodAllocation of %d bytes (%q) cost %+v, want at most %+v", len(s), vgpu.Abbreviate(s), got, budget)
+		}
 	})
+}
+
+// allocationBudget is what ParsePodAllocation of s may allocate: a few
+// hundred allocations and 64 KiB, plus one allocation per 2 bytes and 64
+// bytes per byte of a value it decodes; the measured worst inputs (empty
+// containers or slices by the thousand) take a tenth of an allocation and
+// 35 bytes per byte. A value over MaxPodAllocationLength is refused for
+// the cost of its error.
+func allocationBudget(s string) vgputest.Cost {
+	if len(s) > vgpu.MaxPodAllocationLength {
+		return vgputest.Cost{Allocs: 8, Bytes: 512}
+	}
+	return vgputest.Cost{Allocs: 256 + uint64(len(s))/2, Bytes: 64<<10 + 64*uint64(len(s))}
 }
 
 // FuzzRequestFromPod builds a pod whose first container (an init container
@@ -190,29 +220,126 @@ func FuzzParsePolicy(f *testing.F) {
 	})
 }
 
+// constraintsBudget is what ParseConstraints may allocate, whatever the
+// values' lengths: the limits bound what it keeps (the most, four lists of
+// 32 items, takes 25 allocations and 4 KiB) and what an error quotes.
+var constraintsBudget = vgputest.Cost{Allocs: 64, Bytes: 16 << 10}
+
+// maxConstraintsMessage bounds the message of ParseConstraints' error: eight
+// keys, each quoting at most MaxShownValueRunes runes of its value.
+const maxConstraintsMessage = 4 << 10
+
 // FuzzParseConstraints feeds every placement annotation at once: ParseConstraints never panics,
-// returns a zero value with an error, and reads what it accepts the same way again from the
-// annotations of the value it returned.
+// returns a zero value with an error, keeps every list within the limits, reads what it accepts
+// the same way again, and allocates and says no more than constraintsBudget and
+// maxConstraintsMessage, however long the values.
 func FuzzParseConstraints(f *testing.F) {
-	f.Add("A100,H100", "T4", "GPU-a, GPU-b,", "", "true", "binpack", "spread")
-	f.Add("", "", "", "GPU-x", "false", "", "fragmentation")
-	f.Add(",,,", " , ", "", "", "yes", "pack", "Spread")
-	f.Fuzz(func(t *testing.T, models, excludeModels, uuids, excludeUUIDs, numa, nodePolicy, gpuPolicy string) {
+	f.Add("A100,H100", "T4", "GPU-a, GPU-b,", "", "true", "binpack", "spread", "required")
+	f.Add("", "", "", "GPU-x", "false", "", "fragmentation", "mps")
+	f.Add(",,,", " , ", "", "", "yes", "pack", "Spread", "strict")
+	huge := strings.Repeat("40GB,", 40960)
+	f.Add(huge, huge, huge, huge, huge, huge, huge, huge)
+	f.Add(strings.Repeat("a,", 2000), strings.Repeat(",", 4096), strings.Repeat("x", 97), strings.Repeat("GPU-0,", 33), "", "", "", "")
+	items := make([]string, vgpu.MaxListItems)
+	for i := range items {
+		items[i] = fmt.Sprintf("%096d", i)
+	}
+	atLimit := strings.Join(items, ",")
+	f.Add(atLimit, atLimit, atLimit, atLimit, "true", "spread", "binpack", "driver")
+	f.Fuzz(func(t *testing.T, models, excludeModels, uuids, excludeUUIDs, numa, nodePolicy, gpuPolicy, enforcement string) {
 		annotations := map[string]string{
 			vgpu.AnnotationGPUModel: models, vgpu.AnnotationGPUModelExclude: excludeModels,
 			vgpu.AnnotationGPUUUID: uuids, vgpu.AnnotationGPUUUIDExclude: excludeUUIDs,
 			vgpu.AnnotationNUMABind: numa, vgpu.AnnotationNodePolicy: nodePolicy, vgpu.AnnotationGPUPolicy: gpuPolicy,
+			vgpu.AnnotationEnforcement: enforcement,
+		}
+		cost := vgputest.Measure(1, func() { _, _ = vgpu.ParseConstraints(annotations) })
+		if !cost.Within(constraintsBudget) {
+			t.Fatalf("ParseConstraints of values of %d bytes in all cost %+v, want at most %+v", valueBytes(annotations), cost, constraintsBudget)
 		}
 		got, err := vgpu.ParseConstraints(annotations)
 		if err != nil {
 			if diff := cmp.Diff(vgpu.Constraints{}, got); diff != "" {
 				t.Fatalf("ParseConstraints returned a value with error %v (-want +got):\n%s", err, diff)
 			}
+			if n := len(err.Error()); n > maxConstraintsMessage {
+				t.Fatalf("ParseConstraints error of %d bytes, want at most %d: %s", n, maxConstraintsMessage, vgpu.Abbreviate(err.Error()))
+			}
 			return
+		}
+		for _, list := range [][]string{got.Models, got.ExcludeModels, got.UUIDs, got.ExcludeUUIDs} {
+			if len(list) > vgpu.MaxListItems || slices.ContainsFunc(list, func(s string) bool { return len(s) > vgpu.MaxListItemLength }) {
+				t.Fatalf("ParseConstraints kept a list beyond the limits: %d items", len(list))
+			}
 		}
 		again, err := vgpu.ParseConstraints(annotations)
 		if err != nil || !cmp.Equal(got, again) {
 			t.Fatalf("ParseConstraints is not deterministic: %+v then %+v (%v)", got, again, err)
+		}
+	})
+}
+
+// valueBytes is the length of annotations' values together.
+func valueBytes(annotations map[string]string) int {
+	n := 0
+	for _, v := range annotations {
+		n += len(v)
+	}
+	return n
+}
+
+// requestBudget is what RequestFromPod may allocate for a pod of gpu
+// containers that ask for GPUs: 32 allocations and 2 KiB per container it
+// reads, which is at most MaxGPUContainersPerPod+1 of them (measured: 15
+// allocations and 1.2 KiB for a container with four invalid values),
+// whatever the pod's size.
+func requestBudget(gpu int) vgputest.Cost {
+	read := uint64(min(gpu, vgpu.MaxGPUContainersPerPod+1))
+	return vgputest.Cost{Allocs: 16 + 32*read, Bytes: 1024 + 2048*read}
+}
+
+// FuzzRequestFromPodCost builds a pod of n containers, every every-th of
+// which (when every > 0) has the fuzzed quantities as limits, as
+// FuzzRequestFromPod does, and the others none: RequestFromPod allocates no
+// more than requestBudget of the GPU containers, and reads no container
+// past the first one over MaxGPUContainersPerPod.
+func FuzzRequestFromPodCost(f *testing.F) {
+	f.Add("1", "10240", "", "30", uint16(1), uint8(1))
+	f.Add("17", "10G", "150", "-1", uint16(2000), uint8(1))
+	f.Add("", "1Gi", "", "", uint16(2000), uint8(60))
+	f.Add("2", "", "50", "", uint16(33), uint8(1))
+	f.Fuzz(func(t *testing.T, gpu, memory, percent, cores string, n uint16, every uint8) {
+		b := vgputest.Pod("p")
+		gpuContainers := 0
+		for i := range int(n) {
+			b.Container(fmt.Sprintf("c%d", i))
+			if every == 0 || i%int(every) != 0 {
+				continue
+			}
+			set := false
+			for name, s := range map[corev1.ResourceName]string{
+				vgpu.ResourceGPU: gpu, vgpu.ResourceMemory: memory, vgpu.ResourceMemoryPercentage: percent, vgpu.ResourceCores: cores,
+			} {
+				if _, err := resource.ParseQuantity(s); err == nil {
+					b.Limit(name, s)
+					set = true
+				}
+			}
+			if set {
+				gpuContainers++
+			}
+		}
+		pod := b.Obj()
+		cost := vgputest.Measure(1, func() { _, _ = vgpu.RequestFromPod(pod) })
+		if budget := requestBudget(gpuContainers); !cost.Within(budget) {
+			t.Fatalf("RequestFromPod of %d containers, %d asking for GPUs, cost %+v, want at most %+v", n, gpuContainers, cost, budget)
+		}
+		got, err := vgpu.RequestFromPod(pod)
+		if err == nil && len(got.Containers) > vgpu.MaxGPUContainersPerPod {
+			t.Fatalf("RequestFromPod accepted %d GPU containers", len(got.Containers))
+		}
+		if err != nil {
+			requestErrors(t, err)
 		}
 	})
 }

@@ -151,6 +151,18 @@ func TestPodAllocationLimits(t *testing.T) {
 	}
 }
 
+// TestParsePodAllocationOverLengthCost: a value over MaxPodAllocationLength
+// is refused for the cost of its error, whatever its length. Not parallel:
+// other tests' allocations would count.
+func TestParsePodAllocationOverLengthCost(t *testing.T) {
+	for _, n := range []int{vgpu.MaxPodAllocationLength + 1, 1 << 20} {
+		raw := `{"version":1,"node":"n","containers":[` + strings.Repeat(`{},`, n/3) + `{}]}`
+		if cost, budget := vgputest.Measure(3, func() { _, _ = vgpu.ParsePodAllocation(raw) }), allocationBudget(raw); !cost.Within(budget) {
+			t.Errorf("ParsePodAllocation of %d bytes cost %+v, want at most %+v", len(raw), cost, budget)
+		}
+	}
+}
+
 // encodeUnchecked writes a in the wire form of version 1 without
 // validating it, as a writer other than EncodePodAllocation might.
 func encodeUnchecked(t *testing.T, a vgpu.PodAllocation) string {
