@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
@@ -60,12 +62,13 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 		err := status.Error(codes.FailedPrecondition, err.Error())
 		return resultOf(err), err
 	}
+	rec := a.kubeletRecord(ref, ids)
 	if a.cfg.Mode == ModeEnv {
 		if err = a.verifyBinding(ref, ids); err == nil {
 			a.reportEnforcementFromView(ref)
 		}
 	} else {
-		err = a.writeSpec(ctx, ref, ids, gpus)
+		err = a.writeSpec(ctx, ref, ids, gpus, rec)
 	}
 	if err != nil {
 		// Labelled with the refusal's reason, else the code reported.
@@ -79,16 +82,16 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 }
 
 // writeSpec makes the IDs' spec file (specFile) define the CDI device name
-// Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them),
-// with ref's slice. It is checked on every start, since the pod of that
+// Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them;
+// rec is the kubelet's record of them), with ref's slice (cdiDeviceFor). It is checked on every start, since the pod of that
 // name may be another one than at the last start, and written when missing
 // or different (handoff.UpdateSpecFile): a spec Allocate prepared for this
 // container (prepare) is left alone, so the runtime's cache keeps what it
 // read. A spec prepared for another container refuses the start for good
 // once written: the runtime may have read those edits under the name this
 // container asks for (prepared).
-func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
-	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
+func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string, rec kubeletRecord) error {
+	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus, rec)
 	if err != nil {
 		return err
 	}
@@ -97,7 +100,7 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
 	}
 	key := handoff.DeviceName(ids)
-	name := a.cdiDeviceOf(ids)
+	name := a.cdiDeviceFor(ref, pod, ids, rec)
 	spec, err := handoff.BuildSpec(name, edits)
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "build the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
@@ -146,12 +149,44 @@ func (a *allocator) prepared(key, name, file string, ref containerRef, pod *core
 	return nil
 }
 
-// cdiDeviceOf returns the CDI device name Allocate gave the holder of ids.
-// Without one recorded, it is the IDs' key (handoff.DeviceName): the name a
-// release before holder names gave, which a container allocated by one
-// still has. A holder whose record was lost (the checkpoint removed) gets
-// a spec its runtime never asks for, so its start fails as an unresolvable
-// CDI device: it never starts with another holder's edits.
+// cdiDeviceFor returns the CDI device name Allocate gave ref, the holder
+// of ids in pod (confirmed by matchingAllocation), for its start to write
+// the spec under. The kubelet's record (rec) is the answer when it gives
+// ids to ref's container of exactly pod and its Allocate answer names one
+// of this plugin's devices for the IDs: that is the name the runtime is
+// asked for at every start of the container. The plugin's own record may
+// lack it, or still hold the IDs' previous holder's name: Allocate's
+// checkpoint is written in the background (claimStore.hold), so a plugin
+// killed between Allocate's answer and the write loses the name. A name
+// taken from the kubelet's record that the plugin's record lacks is
+// recorded in place of the other (the checkpoint written before it
+// returns; a failed write is logged, and the next start takes it again).
+// Otherwise it is cdiDeviceOf's.
+func (a *allocator) cdiDeviceFor(ref containerRef, pod *corev1.Pod, ids []string, rec kubeletRecord) string {
+	key := handoff.DeviceName(ids)
+	recorded, has := a.claims.held(key)
+	name, ok := rec.cdiDevice(key)
+	switch {
+	case !ok || !rec.confirms(ref, pod.UID):
+		return a.cdiDeviceOf(ids)
+	case has && name == recorded, name == key:
+		return name
+	}
+	a.logger.Info("CDI device name taken from the kubelet's record: the plugin's record lacked it (the plugin stopped before Allocate's checkpoint was written?)",
+		"container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "recorded", recorded)
+	if err := a.claims.adopt(ids, name, a.clock.Now()); err != nil {
+		a.logger.Error(err, "Recording the CDI device name taken from the kubelet's record", "cdiDevice", name, "container", ref)
+	}
+	return name
+}
+
+// cdiDeviceOf returns the CDI device name Allocate gave the holder of ids,
+// as the plugin's record has it. Without one recorded, it is the IDs' key
+// (handoff.DeviceName): the name a release before holder names gave,
+// which a container allocated by one still has. A holder whose name is in
+// neither the plugin's record nor the kubelet's (cdiDeviceFor) gets a spec
+// its runtime never asks for, so its start fails as an unresolvable CDI
+// device: it never starts with another holder's edits.
 func (a *allocator) cdiDeviceOf(ids []string) string {
 	key := handoff.DeviceName(ids)
 	if name, ok := a.claims.held(key); ok {
@@ -174,7 +209,7 @@ func (a *allocator) cdiDeviceOf(ids []string) string {
 // for. A match is confirmed with the API
 // server (currentAllocation), since the old and new pods' slices may be on
 // the same GPU.
-func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string, rec kubeletRecord) (*corev1.Pod, vgpu.ContainerAllocation, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
 	defer cancel()
 	for {
@@ -185,7 +220,7 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 		}
 		deleting := pod.DeletionTimestamp != nil
 		if !deleting && allocationFits(ca, ids, gpus) {
-			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca)
+			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca, rec)
 		}
 		select {
 		case <-changed:
@@ -260,14 +295,14 @@ func allocationFits(ca vgpu.ContainerAllocation, ids, gpus []string) bool {
 // re-established after an API server restart) while a pod is deleted and
 // created again under the same name with a slice on the same GPU: the GPUs
 // then match, and only the UID tells the old pod from the new one. The
-// kubelet's own record of the devices (kubeletConfirms) confirms it
+// kubelet's own record of the devices (rec) confirms it
 // without a read; otherwise the API server does: when it has another pod
 // of that name, that pod's own allocation is checked against the devices
 // and returned instead. A read that fails, or finds no such pod, refuses
 // the start (the kubelet retries): a container must not start with an
 // allocation nobody confirmed is its own.
-func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation) (*corev1.Pod, vgpu.ContainerAllocation, error) {
-	if a.livePod == nil || a.kubeletConfirms(ref, ids, pod) {
+func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation, rec kubeletRecord) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+	if a.livePod == nil || rec.confirms(ref, pod.UID) {
 		return pod, ca, nil
 	}
 	current, err := a.currentPod(ctx, ref)
@@ -296,23 +331,50 @@ func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids
 	return current, cca, nil
 }
 
-// kubeletConfirms reports whether the kubelet's device checkpoint
-// (kubeletstate.DeviceHolder) gives ids to ref's container in exactly pod,
-// by UID. The kubelet writes it when it allocates the devices, before the
+// kubeletRecord is what the kubelet's device checkpoint says of the
+// holder of a set of device IDs (kubeletstate.DeviceHolder); ok is false
+// when it says nothing (unreadable, no single holder).
+type kubeletRecord struct {
+	holder kubeletstate.Holder
+	ok     bool
+}
+
+// kubeletRecord reads the kubelet's device checkpoint for ids, once per
+// container start (ref is the container PodResources names, for the log).
+// The kubelet writes it when it allocates the devices, before the
 // container's first start, and hands devices that pass from pod to pod to
-// the new pod only once the old one's entry is gone; so pod is the one
-// whose container starts, and the API server need not be asked (a
-// consistent read, 33–43 ms at the median in a burst of 40 starts on one
-// node, and a read of etcd for each). An unreadable checkpoint, no single
-// holder, or another UID (a pod created again whose view lags; a static
-// pod, whose UID the kubelet has under another value) confirms nothing.
-func (a *allocator) kubeletConfirms(ref containerRef, ids []string, pod *corev1.Pod) bool {
+// the new pod only once the old one's entry is gone.
+func (a *allocator) kubeletRecord(ref containerRef, ids []string) kubeletRecord {
 	h, err := kubeletstate.DeviceHolder(a.cfg.DevicePluginDir, a.cfg.ResourceName, ids)
 	if err != nil {
-		a.logger.V(4).Info("The kubelet's device checkpoint does not confirm the container's pod", "container", ref, "err", err.Error())
-		return false
+		a.logger.V(4).Info("The kubelet's device checkpoint does not name the container's pod", "container", ref, "err", err.Error())
+		return kubeletRecord{}
 	}
-	return h.PodUID == string(pod.UID) && h.Container == ref.Container
+	return kubeletRecord{holder: h, ok: true}
+}
+
+// confirms reports whether r gives the IDs to ref's container in the pod
+// of UID uid: that pod is then the one whose container starts, and the API
+// server need not be asked (a consistent read, 33–43 ms at the median in a
+// burst of 40 starts on one node, and a read of etcd for each). Another
+// UID (a pod created again whose view lags; a static pod, whose UID the
+// kubelet has under another value) or no record confirms nothing.
+func (r kubeletRecord) confirms(ref containerRef, uid types.UID) bool {
+	return r.ok && r.holder.PodUID == string(uid) && r.holder.Container == ref.Container
+}
+
+// cdiDevice returns the CDI device name of this plugin's kind in the
+// Allocate answer r keeps, when it is one the plugin gives the IDs whose
+// key is key: a holder's name of the key (handoff.IsHolderName), or the
+// key itself (a release before holder names).
+func (r kubeletRecord) cdiDevice(key string) (string, bool) {
+	for _, q := range r.holder.CDIDevices {
+		name, ok := strings.CutPrefix(q, handoff.CDIKind+"=")
+		if ok && (name == key || handoff.IsHolderName(name, key)) {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // currentPod reads ref's pod from the API server: one GET, a consistent
