@@ -64,7 +64,7 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 	}
 	rec := a.kubeletRecord(ref, ids)
 	if a.cfg.Mode == ModeEnv {
-		if err = a.verifyBinding(ref, ids); err == nil {
+		if err = a.verifyBinding(ctx, ref, ids, rec); err == nil {
 			a.reportEnforcementFromView(ref)
 		}
 	} else {
@@ -377,10 +377,14 @@ func (r kubeletRecord) cdiDevice(key string) (string, bool) {
 	return "", false
 }
 
+// errPodGone means the API server has no pod of that name on this node.
+var errPodGone = errors.New("no such pod on this node")
+
 // currentPod reads ref's pod from the API server: one GET, a consistent
 // read, made after the call began. It is on every container start's path:
 // in a burst of 40 starts on one node, the shared list of the node's pods
-// it made before took 88 ms at the median, one GET 24–28 ms.
+// it made before took 88 ms at the median, one GET 24–28 ms. An error
+// wraps errPodGone when the API server answered without such a pod.
 func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.Pod, error) {
 	pod, err := a.livePod(ctx, ref.Namespace, ref.Pod)
 	switch {
@@ -390,12 +394,14 @@ func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.P
 	case pod.Spec.NodeName == a.cfg.NodeName:
 		return pod, nil
 	}
-	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
+	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s: %w", ref.Namespace, ref.Pod, a.cfg.NodeName, errPodGone)
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the
-// environment of ref, the container now starting with them.
-func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
+// environment of ref, the container now starting with them, and of the
+// very pod it belongs to (confirmBinding); rec is the kubelet's record of
+// ids.
+func (a *allocator) verifyBinding(ctx context.Context, ref containerRef, ids []string, rec kubeletRecord) error {
 	pod, _ := a.pods.Pod(ref.Namespace, ref.Pod)
 	b, ok := a.claims.binding(handoff.DeviceName(ids))
 	if !ok {
@@ -406,9 +412,41 @@ func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
 		return refuse(ReasonAllocationMismatch, ref, pod,
 			"devices %v were allocated to %s but started for %s: the container would run with another pod's limits; delete the pod so that it is created again", ids, b.Ref, ref)
 	}
-	if pod != nil && pod.UID != b.PodUID {
+	return a.confirmBinding(ctx, ref, ids, b, pod, rec)
+}
+
+// confirmBinding checks that b, the binding of ids to ref, is for the pod
+// whose container starts, by UID, as mode cdi confirms its pods
+// (currentAllocation): the kubelet's record (rec) confirms it without a
+// read; otherwise the API server's pod of that name decides (one GET). The
+// view (pod, nil when it lacks ref's pod) cannot: while it lags, a pod
+// deleted and created again under the same name (a StatefulSet's web-0)
+// shows the old pod's UID, which a binding made from that view has too,
+// and the new container would run with the old pod's limits. A start the
+// API server cannot confirm is refused (the kubelet retries); one of
+// another pod is refused for good, since the kubelet replays Allocate's
+// environment at every start. Without an API client the view decides.
+func (a *allocator) confirmBinding(ctx context.Context, ref containerRef, ids []string, b claim, pod *corev1.Pod, rec kubeletRecord) error {
+	if rec.confirms(ref, b.PodUID) {
+		return nil
+	}
+	uid := types.UID("")
+	if a.livePod == nil {
+		if pod == nil {
+			return nil
+		}
+		uid = pod.UID
+	} else {
+		current, err := a.currentPod(ctx, ref)
+		if err != nil {
+			return refuse(ReasonAllocationMismatch, ref, pod,
+				"cannot confirm with the API server that devices %v of %s were allocated for its pod (UID %s): %w; the start is retried", ids, ref, b.PodUID, err)
+		}
+		pod, uid = current, current.UID
+	}
+	if uid != b.PodUID {
 		return refuse(ReasonAllocationMismatch, ref, pod,
-			"devices %v were allocated to %s (pod UID %s) but started for %s (pod UID %s); delete the pod so that it is created again", ids, b.Ref, b.PodUID, ref, pod.UID)
+			"devices %v were allocated to %s (pod UID %s) but started for %s (pod UID %s): the container would run with another pod's limits; delete the pod so that it is created again", ids, b.Ref, b.PodUID, ref, uid)
 	}
 	return nil
 }
