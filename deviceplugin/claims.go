@@ -64,6 +64,11 @@ type holding struct {
 type specOwner struct {
 	Ref    containerRef `json:"container"`
 	PodUID types.UID    `json:"podUID"`
+	// Rewritten is when a start rewrote the spec for this container after
+	// it had been written for another one (allocator.prepared); zero when
+	// it never defined another container's edits. The container's starts
+	// wait until the runtime has had SpecSettle to read it again.
+	Rewritten time.Time `json:"rewritten,omitzero"`
 }
 
 // is reports whether o names container ref of pod uid.

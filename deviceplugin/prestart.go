@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -83,13 +84,14 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 
 // writeSpec makes the IDs' spec file (specFile) define the CDI device name
 // Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them;
-// rec is the kubelet's record of them), with ref's slice (cdiDeviceFor). It is checked on every start, since the pod of that
-// name may be another one than at the last start, and written when missing
-// or different (handoff.UpdateSpecFile): a spec Allocate prepared for this
-// container (prepare) is left alone, so the runtime's cache keeps what it
-// read. A spec prepared for another container refuses the start for good
-// once written: the runtime may have read those edits under the name this
-// container asks for (prepared).
+// rec is the kubelet's record of them), with ref's slice (cdiDeviceFor).
+// It is checked on every start, since the pod of that name may be another
+// one than at the last start, and written when missing or different
+// (handoff.UpdateSpecFile): a spec Allocate prepared for this container
+// (prepare) is left alone, so the runtime's cache keeps what it read. A
+// spec prepared for another container is rewritten for this one, and the
+// start is refused until the runtime has had SpecSettle to read the
+// rewrite (prepared, settled).
 func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string, rec kubeletRecord) error {
 	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus, rec)
 	if err != nil {
@@ -108,7 +110,8 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	unlock := a.specLocks.lock(key)
 	defer unlock()
 	file := a.specFile(key, name)
-	if err := a.prepared(key, name, file, ref, pod); err != nil {
+	owner, from, err := a.prepared(key, name, file, ref, pod)
+	if err != nil {
 		return err
 	}
 	written, err := handoff.UpdateSpecFile(a.cfg.CDISpecDir, file, spec)
@@ -118,6 +121,9 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if written {
 		a.metrics.specWritten(CallPreStartContainer)
 	}
+	if err := a.settled(key, name, ref, pod, owner, from, written); err != nil {
+		return err
+	}
 	a.logger.V(2).Info("CDI spec ready", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "written", written, "enforcement", a.enforcement, "guarded", edits.Guarded)
 	a.reportEnforcement(ref, pod, ca)
 	return nil
@@ -125,26 +131,69 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 
 // prepared checks, with key's spec lock held, the spec Allocate prepared
 // under name (the holding of key, in file) against ref of pod, the
-// container starting: nil when none was prepared or it is ref's. One
-// prepared for another container (GetPreferredAllocation's offer was not
-// the container the kubelet admitted) refuses the start for good once
-// written (file defines name), because a runtime that caches specs may
-// keep serving those edits under the name the kubelet gave this container
-// at Allocate; the pod has to be created again. While it is not written,
-// ref takes the name over (checkpointed before the spec is written) and
-// the prepared spec is never written.
-func (a *allocator) prepared(key, name, file string, ref containerRef, pod *corev1.Pod) error {
+// container starting, and returns the container the spec is prepared for
+// now (nil when none was). One prepared for another container
+// (GetPreferredAllocation's offer was not the container the kubelet
+// admitted: the view lacked the admitted pod, or still showed a pod of
+// that name deleted since) is taken over: ref is recorded in its place
+// (checkpointed before the spec is written), and the prepared spec, if
+// not written yet, never is. When it was written (file defines name), a
+// runtime that caches specs may keep serving those edits under the name
+// the kubelet gave this container at Allocate until it reads the spec
+// again: the take-over then records the time of the rewrite
+// (specOwner.Rewritten) for settled, and returns the other container as
+// from.
+func (a *allocator) prepared(key, name, file string, ref containerRef, pod *corev1.Pod) (owner, from *specOwner, err error) {
 	h, ok := a.claims.holding(key)
-	if !ok || h.Name != name || h.For == nil || h.For.is(ref, pod.UID) {
+	if !ok || h.Name != name || h.For == nil {
+		return nil, nil, nil
+	}
+	if h.For.is(ref, pod.UID) {
+		return h.For, nil, nil
+	}
+	o := specOwner{Ref: ref, PodUID: pod.UID}
+	if handoff.SpecDefines(a.cfg.CDISpecDir, file, name) {
+		from, o.Rewritten = h.For, a.clock.Now()
+		a.logger.Info("CDI spec prepared at Allocate for another container: rewriting it for the container that starts", "cdiDevice", handoff.CDIQualifiedName(name), "preparedFor", h.For.Ref, "preparedPodUID", h.For.PodUID, "container", ref, "podUID", pod.UID)
+	}
+	if _, err := a.claims.prepareFor(key, name, o); err != nil {
+		return nil, nil, refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s is this container's: %w", handoff.CDIQualifiedName(name), err)
+	}
+	return &o, from, nil
+}
+
+// settled refuses the start of ref while its CDI device name, whose spec
+// defined another container's edits until prepared rewrote it (o, the
+// spec's container, has Rewritten set), may still resolve to those edits
+// in a runtime that caches specs (containerd 2.x refreshes its cache when
+// the folder changes, and nothing orders that refresh before the
+// kubelet's CreateContainer): at the start that rewrote it (from, the
+// other container, is then set), and until SpecSettle after. written says
+// this start wrote the spec; when a later start writes it again (the
+// rewrite failed), its time is recorded anew. The kubelet retries a
+// refused start after its pod worker's back-off.
+func (a *allocator) settled(key, name string, ref containerRef, pod *corev1.Pod, o, from *specOwner, written bool) error {
+	if o == nil || o.Rewritten.IsZero() {
 		return nil
 	}
-	if handoff.SpecDefines(a.cfg.CDISpecDir, file, name) {
+	qualified := handoff.CDIQualifiedName(name)
+	if from != nil {
 		return refuse(ReasonAllocationMismatch, ref, pod,
-			"CDI device %s was prepared at Allocate for container %s of pod UID %s, but the kubelet starts it for this container of pod UID %s: the container runtime may keep the other container's edits under that name, so this container cannot start with these devices; delete the pod so that it is created again",
-			handoff.CDIQualifiedName(name), h.For.Ref, h.For.PodUID, pod.UID)
+			"CDI device %s was prepared at Allocate for container %s of pod UID %s, not for this container of pod UID %s (the plugin's view lacked the pod the kubelet admitted, or showed a pod of that name deleted since): its spec now holds this container's slice, and the start is retried once a container runtime that caches specs has had %v to read it",
+			qualified, from.Ref, from.PodUID, pod.UID, a.t.SpecSettle)
 	}
-	if _, err := a.claims.prepareFor(key, name, specOwner{Ref: ref, PodUID: pod.UID}); err != nil {
-		return refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s is this container's: %w", handoff.CDIQualifiedName(name), err)
+	if written {
+		again := *o
+		again.Rewritten = a.clock.Now()
+		if _, err := a.claims.prepareFor(key, name, again); err != nil {
+			return refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s was rewritten for this container: %w", qualified, err)
+		}
+		o = &again
+	}
+	if since := a.clock.Since(o.Rewritten); since < a.t.SpecSettle {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"CDI device %s was rewritten for this container %v ago, after a spec prepared at Allocate for another container: the start is retried once a container runtime that caches specs has had %v to read it",
+			qualified, since.Round(time.Millisecond), a.t.SpecSettle)
 	}
 	return nil
 }
