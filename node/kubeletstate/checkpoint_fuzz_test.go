@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
 	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 )
 
@@ -65,6 +68,9 @@ func FuzzRead(f *testing.F) {
 			for _, id := range e.DeviceIDs {
 				text += len(id)
 			}
+			for _, name := range e.CDIDevices {
+				text += len(name)
+			}
 		}
 		if text > 3*len(data) {
 			t.Fatalf("Read(%q): %d bytes of text from a %d-byte file", data, text, len(data))
@@ -86,7 +92,8 @@ func write(t *testing.T, dir string, data []byte) {
 	}
 }
 
-// encode writes entries in the kubelet's layout, each device under NUMA node -1.
+// encode writes entries in the kubelet's layout, each device under NUMA node -1 and the CDI
+// devices in an Allocate answer of their own.
 func encode(t *testing.T, entries []Entry) []byte {
 	t.Helper()
 	type entry struct {
@@ -94,12 +101,21 @@ func encode(t *testing.T, entries []Entry) []byte {
 		ContainerName string
 		ResourceName  string
 		DeviceIDs     map[string][]string
+		AllocResp     []byte
 	}
 	var cp struct {
 		Data struct{ PodDeviceEntries []entry }
 	}
 	for _, e := range entries {
-		cp.Data.PodDeviceEntries = append(cp.Data.PodDeviceEntries, entry{e.PodUID, e.Container, e.Resource, map[string][]string{"-1": e.DeviceIDs}})
+		var resp pluginapi.ContainerAllocateResponse
+		for _, name := range e.CDIDevices {
+			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: name})
+		}
+		alloc, err := proto.Marshal(&resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp.Data.PodDeviceEntries = append(cp.Data.PodDeviceEntries, entry{e.PodUID, e.Container, e.Resource, map[string][]string{"-1": e.DeviceIDs}, alloc})
 	}
 	data, err := json.Marshal(cp)
 	if err != nil {
@@ -108,13 +124,16 @@ func encode(t *testing.T, entries []Entry) []byte {
 	return data
 }
 
-// nilIfEmpty makes the device lists of entries nil when empty: the kubelet's layout does not
-// tell an empty list from none.
+// nilIfEmpty makes the device and CDI lists of entries nil when empty: the kubelet's layout
+// does not tell an empty list from none.
 func nilIfEmpty(entries []Entry) []Entry {
 	out := slices.Clone(entries)
 	for i := range out {
 		if len(out[i].DeviceIDs) == 0 {
 			out[i].DeviceIDs = nil
+		}
+		if len(out[i].CDIDevices) == 0 {
+			out[i].CDIDevices = nil
 		}
 	}
 	return out
