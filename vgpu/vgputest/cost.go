@@ -36,3 +36,13 @@ func Measure(runs int, f func()) Cost {
 	}
 	return best
 }
+
+// MeasureFirst is the Cost of one call of f, not warmed: for code that
+// remembers its answers, whose first call is the one that works.
+func MeasureFirst(f func()) Cost {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return Cost{Allocs: after.Mallocs - before.Mallocs, Bytes: after.TotalAlloc - before.TotalAlloc}
+}
