@@ -48,17 +48,27 @@ const (
 	// milliseconds, and when it lags more the API server is asked, so the
 	// wait runs out only while the API server does not answer.
 	preferWait = time.Second
+	// specSettle is how long a CDI device name whose spec was rewritten
+	// after it had defined another container's edits (a spec prepared for
+	// another container: allocator.prepared) is kept from the container's
+	// start: a runtime that resolves names from a cache it refreshes when
+	// the folder changes (containerd 2.x) re-reads the folder within
+	// milliseconds (1.6 ms for 16 files on an idle core, more than 100 ms
+	// while a burst of writes kept it busy with 300), and the kubelet
+	// retries a refused start after its pod worker's back-off (up to 10 s,
+	// 1 s at the soonest seen).
+	specSettle = time.Second
 )
 
 // timings are the hand-off's waits, fields so that tests can shorten them.
 type timings struct {
-	Budget, OwnerWait, RetryInitial, RetryMax, ClaimTTL, GCInterval, PreferWait time.Duration
+	Budget, OwnerWait, RetryInitial, RetryMax, ClaimTTL, GCInterval, PreferWait, SpecSettle time.Duration
 }
 
 func defaultTimings() timings {
 	return timings{
 		Budget: startBudget, OwnerWait: ownerWait, RetryInitial: listRetryInitial, RetryMax: listRetryMax,
-		ClaimTTL: claimTTL, GCInterval: gcInterval, PreferWait: preferWait,
+		ClaimTTL: claimTTL, GCInterval: gcInterval, PreferWait: preferWait, SpecSettle: specSettle,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispecs "tags.cncf.io/container-device-interface/specs-go"
@@ -371,5 +372,71 @@ func TestWriteCDISpecRejectsInvalid(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, handoff.SpecFileName("vabc"))); err == nil {
 		t.Error("the invalid spec was written")
+	}
+}
+
+// TestStartRecoversANameLostAtAllocate: a plugin killed right after
+// Allocate answered, before its checkpoint was written in the background
+// (held back here by the store's file lock, as such a kill leaves it),
+// loses the CDI device name it gave; the kubelet keeps the answer, and
+// every start of the container asks the runtime for that name. The
+// restarted plugin, whose own record has no name for the IDs or the name
+// of their previous holder, takes the name from the kubelet's device
+// checkpoint, which gives the IDs and that answer to the container the
+// start confirms, writes the spec under it and records it.
+func TestStartRecoversANameLostAtAllocate(t *testing.T) {
+	for _, previous := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no record", true: "the previous holder's record"}[previous], func(t *testing.T) {
+			fake := func(c *Config) { c.FakeGPUs = "2xA100-80GB" } // no device nodes
+			killed := newHandoff(t, fake)
+			shared := func(c *Config) {
+				fake(c)
+				c.DevicePluginDir, c.CDISpecDir, c.StateDir = killed.cfg.DevicePluginDir, killed.cfg.CDISpecDir, killed.cfg.StateDir
+			}
+			pod := gpuPod("p", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuA, 1024, 0)), "main")
+			killed.addPod(pod)
+			lowest := []string{DeviceID(gpuA, 0)} // what the offer picks
+			if previous {
+				killed.alloc.claims.hold(lowest, time.Now().Add(-time.Hour), nil)
+				if err := killed.alloc.claims.flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			killed.alloc.claims.fileMu.Lock()
+			t.Cleanup(killed.alloc.claims.fileMu.Unlock) // before the fixture drains
+			ids, name := killed.admitOne(1)
+			if !slices.Equal(ids, lowest) {
+				t.Fatalf("offered %v, want %v", ids, lowest)
+			}
+
+			restarted := newHandoff(t, shared)
+			path := filepath.Join(restarted.cfg.EffectiveStateDir(), checkpointFileName)
+			var err error
+			if restarted.alloc.claims, err = loadClaimStore(path); err != nil {
+				t.Fatal(err)
+			}
+			if held, ok := restarted.alloc.claims.held(handoff.DeviceName(ids)); ok == !previous || held == name {
+				t.Fatalf("the restarted plugin's record of %v = %q, %v; want the previous holder's name or none", ids, held, ok)
+			}
+			restarted.addPod(pod)
+			restarted.podRes.hold("default", "p", "main", ids...)
+			qualified := handoff.CDIQualifiedName(name)
+			restarted.kubeletCheckpointAnswer("uid-p", "main", &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: qualified}}}, ids...)
+			if err := restarted.preStart(ids...); err != nil {
+				t.Fatalf("start after the plugin was killed at Allocate: %v", err)
+			}
+			got := restarted.inject(qualified)
+			env := []string{envValue(got.Process.Env, handoff.EnvPod), envValue(got.Process.Env, handoff.EnvPodUID), envValue(got.Process.Env, handoff.EnvMemoryLimitPrefix+"0")}
+			if diff := cmp.Diff([]string{"default/p", "uid-p", "1024m"}, env); diff != "" {
+				t.Errorf("%s resolved by the runtime: pod, UID, memory limit (-want +got):\n%s", qualified, diff)
+			}
+			reloaded, err := loadClaimStore(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held, _ := reloaded.held(handoff.DeviceName(ids)); held != name {
+				t.Errorf("checkpoint after the start names %q for %v, want %q", held, ids, name)
+			}
+		})
 	}
 }

@@ -64,6 +64,11 @@ type holding struct {
 type specOwner struct {
 	Ref    containerRef `json:"container"`
 	PodUID types.UID    `json:"podUID"`
+	// Rewritten is when a start rewrote the spec for this container after
+	// it had been written for another one (allocator.prepared); zero when
+	// it never defined another container's edits. The container's starts
+	// wait until the runtime has had SpecSettle to read it again.
+	Rewritten time.Time `json:"rewritten,omitzero"`
 }
 
 // is reports whether o names container ref of pod uid.
@@ -192,10 +197,10 @@ func (s *claimStore) bind(c claim) error {
 // in the background: Allocate runs while the kubelet admits the node's
 // pods one at a time, and a write (two fsyncs) made it 10–16 ms instead of
 // under 1 ms in a burst of 40 pods onto one node. A plugin that stops
-// before the write loses the name; the container's start then fails as an
-// unresolvable CDI device (cdiDeviceOf), never with another holder's
-// edits. A non-nil prepared is the container Allocate prepares the spec for
-// (holding.For).
+// before the write loses the name from its record; the container's start
+// then takes it from the kubelet's, which keeps Allocate's answer
+// (allocator.cdiDeviceFor, adopt). A non-nil prepared is the container
+// Allocate prepares the spec for (holding.For).
 func (s *claimStore) hold(ids []string, at time.Time, prepared *specOwner) string {
 	key := handoff.DeviceName(ids)
 	s.mu.Lock()
@@ -267,6 +272,20 @@ func (s *claimStore) holding(device string) (holding, bool) {
 	defer s.mu.Unlock()
 	h, ok := s.holdings[device]
 	return h, ok
+}
+
+// adopt records name, the CDI device name of the holder of ids as the
+// kubelet's record has it (allocator.cdiDeviceFor), as the holding of ids
+// in place of any other, and writes the checkpoint before it returns. name
+// must be a holder's name of the IDs' key (handoff.IsHolderName).
+func (s *claimStore) adopt(ids []string, name string, at time.Time) error {
+	key := handoff.DeviceName(ids)
+	s.mu.Lock()
+	s.holdings[key] = holding{Device: key, DeviceIDs: slices.Clone(ids), Name: name, At: at}
+	delete(s.missing, key)
+	s.dirty = true
+	s.mu.Unlock()
+	return s.saved()
 }
 
 // prepareFor records that the spec of the holding of device named name is

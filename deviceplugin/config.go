@@ -141,8 +141,9 @@ type Config struct {
 	// in CUDA_DEVICE_MEMORY_SHARED_CACHE (<dir>/<pod UID>-<container>.cache).
 	SharedCacheDir string `json:"sharedCacheDir"`
 	// StateDir holds the plugin's own files: the checkpoint (env-mode
-	// bindings, cdi-mode CDI device names) and the ld.so.preload file
-	// mounted into containers. It must be the same path on the host as in
+	// bindings, cdi-mode CDI device names), the records of GPUs that need
+	// a reset (FaultRecordDir) and the ld.so.preload file mounted into
+	// containers. It must be the same path on the host as in
 	// the plugin's container (it is mounted into pods), and outlive the
 	// plugin's container. Empty means <devicePluginDir>/gpuslice-state.
 	StateDir string `json:"stateDir,omitempty"`
@@ -190,6 +191,17 @@ func (c Config) EffectiveStateDir() string {
 		return c.StateDir
 	}
 	return filepath.Join(c.DevicePluginDir, defaultStateSubdir)
+}
+
+// faultRecordSubdir is the folder of FaultRecordDir in the state folder.
+const faultRecordSubdir = "gpu-faults"
+
+// FaultRecordDir is where the GPU backend records each GPU that needs a
+// reset (nvidia.Options.FaultRecordDir), so that a restarted plugin keeps
+// it out of service until NVML shows the reset: gpu-faults in the state
+// folder, which outlives the plugin's container.
+func (c Config) FaultRecordDir() string {
+	return filepath.Join(c.EffectiveStateDir(), faultRecordSubdir)
 }
 
 // LoadConfigFile reads a YAML or JSON file over base: fields present in the

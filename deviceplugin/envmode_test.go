@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
@@ -187,4 +189,70 @@ func TestCheckpointSurvivesRestart(t *testing.T) {
 	if s, err := loadClaimStore(filepath.Join(t.TempDir(), "none.json")); err != nil || len(s.bindings) != 0 {
 		t.Errorf("missing checkpoint: %v, %d bindings; want an empty store", err, len(s.bindings))
 	}
+}
+
+// TestEnvModeRecreatedPodGetsItsOwnAllocation is a StatefulSet's web-0
+// deleted and created again (UID uid-new, 2048 MiB on GPU B) while the
+// plugin's view still shows the old pod (uid-old, 40960 MiB on GPU B):
+// PodResources names the container by namespace and name only, and both
+// slices are on the same GPU. Mode env answers Allocate with the
+// environment itself, which the kubelet replays at every start, so
+// Allocate confirms the pod with the API server and answers with the new
+// pod's; each start confirms the binding's pod UID (the kubelet's device
+// checkpoint, else the API server), as mode cdi confirms its pods.
+func TestEnvModeRecreatedPodGetsItsOwnAllocation(t *testing.T) {
+	oldWeb0 := func() *corev1.Pod {
+		p := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 40960, 0)), "main")
+		p.UID = "uid-old"
+		return p
+	}
+	id := DeviceID(gpuB, 0)
+
+	t.Run("Allocate", func(t *testing.T) {
+		f := newHandoff(t, envMode)
+		f.addPod(oldWeb0())
+		f.apiServerHas(recreatedWeb0())
+		cresp, err := f.allocate(id)
+		if err != nil {
+			t.Fatalf("Allocate of web-0 created again while the view shows the old one: %v", err)
+		}
+		env := cresp.GetEnvs()
+		if got := []string{env[handoff.EnvPodUID], env[handoff.EnvMemoryLimitPrefix+"0"]}; !slices.Equal(got, []string{"uid-new", "2048m"}) {
+			t.Errorf("Allocate env pod UID and memory limit = %v, want the new pod's [uid-new 2048m]", got)
+		}
+		f.podRes.hold("default", "web-0", "main", id)
+		f.apiServerDown()
+		f.kubeletCheckpoint("uid-new", "main", id)
+		if err := f.preStart(id); err != nil {
+			t.Errorf("start confirmed by the kubelet's record while the view lags and the API server is down: %v", err)
+		}
+	})
+
+	t.Run("PreStart", func(t *testing.T) {
+		f := newHandoff(t, envMode)
+		f.addPod(oldWeb0())
+		// Allocate answered for the old pod (the API server had it then).
+		if _, err := f.allocate(id); err != nil {
+			t.Fatal(err)
+		}
+		f.podRes.hold("default", "web-0", "main", id)
+		f.apiServerDown()
+		if err := f.preStart(id); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cannot confirm with the API server") || !strings.Contains(err.Error(), "retried") {
+			t.Errorf("start the kubelet's record does not confirm, with the API server down = %v; want FailedPrecondition: cannot confirm, retried", err)
+		}
+		f.event()
+		f.apiServerHas(recreatedWeb0())
+		err := f.preStart(id)
+		const want = "allocated to default/web-0/main (pod UID uid-old) but started for default/web-0/main (pod UID uid-new)"
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), want) {
+			t.Fatalf("start of the new web-0 with the old one's environment = %v; want FailedPrecondition containing %q", err, want)
+		}
+		if ev := f.event(); !strings.Contains(ev, "Warning "+ReasonAllocationMismatch) || !strings.Contains(ev, "uid-new") {
+			t.Errorf("event = %q, want a Warning %s naming uid-new", ev, ReasonAllocationMismatch)
+		}
+		f.kubeletCheckpoint("uid-old", "main", id)
+		if err := f.preStart(id); err != nil {
+			t.Errorf("start the kubelet's record confirms for the binding's pod: %v", err)
+		}
+	})
 }

@@ -149,7 +149,7 @@ type handoffFixture struct {
 }
 
 func fastTimings() timings {
-	return timings{Budget: 300 * time.Millisecond, OwnerWait: 50 * time.Millisecond, RetryInitial: time.Millisecond, RetryMax: 10 * time.Millisecond, ClaimTTL: time.Minute, GCInterval: time.Hour, PreferWait: 100 * time.Millisecond}
+	return timings{Budget: 300 * time.Millisecond, OwnerWait: 50 * time.Millisecond, RetryInitial: time.Millisecond, RetryMax: 10 * time.Millisecond, ClaimTTL: time.Minute, GCInterval: time.Hour, PreferWait: 100 * time.Millisecond, SpecSettle: time.Second}
 }
 
 func newHandoff(t testing.TB, mutate func(*Config)) *handoffFixture {

@@ -35,9 +35,11 @@ func (l *specLocks) lock(key string) func() {
 //
 // The checkpoint records c as the spec's container (holding.For) before the
 // spec is written, so a restarted plugin knows the spec under that name is
-// c's. A start of another container with these devices is then refused
-// for good (writeSpec): the runtime may have read c's edits under that
-// name. The spec is left to the container's start when the checkpoint
+// c's. A start of another container with these devices (the view lagged
+// the kubelet) rewrites the spec for that container and is refused until
+// the runtime has had time to read the rewrite (allocator.prepared,
+// settled): it may have read c's edits under that name. The spec is left
+// to the container's start when the checkpoint
 // cannot be written, when device has another holder by then, or when a
 // start already took the name over.
 func (a *allocator) prepare(device, name string, c pendingContainer) {

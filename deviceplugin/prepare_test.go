@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	testingclock "k8s.io/utils/clock/testing"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
@@ -123,16 +125,20 @@ func TestAllocatePreparesOnlyForTheOnlyPendingContainer(t *testing.T) {
 // TestPreparedSpecOfAnotherContainer: when the kubelet admitted another
 // container than the one the devices were offered to (here: the pod it
 // admits is not in the plugin's view yet, and an older listed pod is), a
-// spec prepared and written for the offer's container refuses the
-// container that starts, for good, with an event saying to create the pod
-// again: a runtime may serve the prepared edits under that name. While the
+// spec prepared and written for the offer's container is rewritten for
+// the container that starts, and that start is refused: a runtime that
+// caches specs may still serve the prepared edits under that name. Later
+// starts are refused until the runtime has had SpecSettle to read the
+// rewrite, then go ahead with the container's own slice. While the
 // prepared spec is not written yet (the IDs' file still defines the
 // previous holder's device), the starting container takes the name over
-// and starts with its own slice.
+// and starts with its own slice at once.
 func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 	for _, written := range []bool{true, false} {
 		t.Run(map[bool]string{true: "written", false: "not yet written"}[written], func(t *testing.T) {
 			f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+			clk := testingclock.NewFakeClock(time.Now())
+			f.alloc.clock = clk
 			f.addPod(gpuPod("x", time.Now(), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 2048, 0)), "main"))
 			f.podRes.admit("default", "y")
 			ids, name := f.admitOne(1)
@@ -152,22 +158,16 @@ func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 			f.podRes.hold("default", "y", "main", ids...)
 			err := f.preStart(ids...)
 			if written {
-				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "prepared at Allocate for container default/x/main") || !strings.Contains(err.Error(), "delete the pod") {
-					t.Fatalf("start of y with a spec prepared for x = %v; want FailedPrecondition naming x and saying to delete the pod", err)
+				wantSettling(t, f, err, "prepared at Allocate for container default/x/main")
+				if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/y" {
+					t.Errorf("after the refused start the spec names %q, want default/y", got)
 				}
-				if ev := f.event(); !strings.Contains(ev, "Warning "+ReasonAllocationMismatch) {
-					t.Errorf("event = %q, want a Warning %s", ev, ReasonAllocationMismatch)
-				}
-				if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPod); got != "default/x" {
-					t.Errorf("the refused start changed the spec: it names %q, want default/x", got)
-				}
-				if err := f.preStart(ids...); status.Code(err) != codes.FailedPrecondition {
-					t.Errorf("the next start of y = %v; want refused again", err)
-				}
-				return
+				wantSettling(t, f, f.preStart(ids...), "")
+				clk.Step(f.alloc.t.SpecSettle)
+				err = f.preStart(ids...)
 			}
 			if err != nil {
-				t.Fatalf("start of y while the spec prepared for x is not written: %v", err)
+				t.Fatalf("start of y: %v", err)
 			}
 			if spec := f.readSpec(ids...); len(spec.Devices) != 1 || spec.Devices[0].Name != name || envValue(specEnv(spec), handoff.EnvPod) != "default/y" {
 				t.Errorf("the IDs' spec file defines %+v; want %s for default/y", spec.Devices, name)
@@ -181,6 +181,61 @@ func TestPreparedSpecOfAnotherContainer(t *testing.T) {
 				t.Errorf("checkpoint = %s, %v; want y named before its spec was written", data, err)
 			}
 		})
+	}
+}
+
+// TestRecreatedPodStartsAfterASpecPreparedForTheOldPod is a StatefulSet's
+// web-0 deleted and created again (uid-new, 2048 MiB on GPU B) while the
+// plugin's view still shows the old pod (uid-old, 40960 MiB on GPU B):
+// GetPreferredAllocation offers the old pod's container, the only pending
+// one in the view, and Allocate prepares its spec under the new
+// container's name. The start confirms the new pod (the kubelet's device
+// checkpoint and the API server), rewrites the spec for it and is refused;
+// once the view shows the new pod and SpecSettle has passed, the retry
+// starts the container with the new pod's own slice.
+func TestRecreatedPodStartsAfterASpecPreparedForTheOldPod(t *testing.T) {
+	f := newHandoff(t, func(c *Config) { c.FakeGPUs = "2xA100-80GB" })
+	clk := testingclock.NewFakeClock(time.Now())
+	f.alloc.clock = clk
+	old := gpuPod("web-0", time.Now().Add(-time.Hour), allocOf(vgputest.Allocation("node-1").Container("main").Slice(gpuB, 40960, 0)), "main")
+	old.UID = "uid-old"
+	f.addPod(old)
+	recreated := recreatedWeb0()
+	f.apiServerHas(recreated)
+	ids, name := f.admitOne(1)
+	f.alloc.drain()
+	if got := envValue(specEnv(f.readSpec(ids...)), handoff.EnvPodUID); got != "uid-old" {
+		t.Fatalf("spec prepared at Allocate names pod UID %q, want the old pod's (the view's)", got)
+	}
+	f.podRes.hold("default", "web-0", "main", ids...)
+	f.kubeletCheckpointAnswer("uid-new", "main", &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: handoff.CDIQualifiedName(name)}}}, ids...)
+
+	wantSettling(t, f, f.preStart(ids...), "of pod UID uid-old")
+	wantRecreatedSpec(t, f, ids[0])
+	f.deletePod("default", "web-0")
+	f.addPod(recreated)
+	wantSettling(t, f, f.preStart(ids...), "")
+	clk.Step(f.alloc.t.SpecSettle)
+	if err := f.preStart(ids...); err != nil {
+		t.Fatalf("start of the new web-0 once the view shows it and the spec has settled: %v", err)
+	}
+	got := f.inject(handoff.CDIQualifiedName(name))
+	if diff := cmp.Diff([]string{"uid-new", "2048m"}, []string{envValue(got.Process.Env, handoff.EnvPodUID), envValue(got.Process.Env, handoff.EnvMemoryLimitPrefix+"0")}); diff != "" {
+		t.Errorf("the new web-0's CDI device as the runtime resolves it: pod UID, memory limit (-want +got):\n%s", diff)
+	}
+}
+
+// wantSettling checks that err refuses a start because the container's
+// spec was rewritten after a spec prepared for another container (its
+// message containing also, when not ""), with a Warning event, and that
+// it says the start is retried.
+func wantSettling(t *testing.T, f *handoffFixture, err error, also string) {
+	t.Helper()
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "the start is retried") || !strings.Contains(err.Error(), also) {
+		t.Fatalf("start with a spec prepared for another container = %v; want FailedPrecondition containing %q and saying the start is retried", err, also)
+	}
+	if ev := f.event(); !strings.Contains(ev, "Warning "+ReasonAllocationMismatch) {
+		t.Errorf("event = %q, want a Warning %s", ev, ReasonAllocationMismatch)
 	}
 }
 

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/node/handoff"
@@ -60,12 +63,13 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 		err := status.Error(codes.FailedPrecondition, err.Error())
 		return resultOf(err), err
 	}
+	rec := a.kubeletRecord(ref, ids)
 	if a.cfg.Mode == ModeEnv {
-		if err = a.verifyBinding(ref, ids); err == nil {
+		if err = a.verifyBinding(ctx, ref, ids, rec); err == nil {
 			a.reportEnforcementFromView(ref)
 		}
 	} else {
-		err = a.writeSpec(ctx, ref, ids, gpus)
+		err = a.writeSpec(ctx, ref, ids, gpus, rec)
 	}
 	if err != nil {
 		// Labelled with the refusal's reason, else the code reported.
@@ -79,16 +83,17 @@ func (a *allocator) startContainer(ctx context.Context, req *pluginapi.PreStartC
 }
 
 // writeSpec makes the IDs' spec file (specFile) define the CDI device name
-// Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them),
-// with ref's slice. It is checked on every start, since the pod of that
-// name may be another one than at the last start, and written when missing
-// or different (handoff.UpdateSpecFile): a spec Allocate prepared for this
-// container (prepare) is left alone, so the runtime's cache keeps what it
-// read. A spec prepared for another container refuses the start for good
-// once written: the runtime may have read those edits under the name this
-// container asks for (prepared).
-func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string) error {
-	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus)
+// Allocate gave ref, the holder of ids (on gpus, as checkIDs returns them;
+// rec is the kubelet's record of them), with ref's slice (cdiDeviceFor).
+// It is checked on every start, since the pod of that name may be another
+// one than at the last start, and written when missing or different
+// (handoff.UpdateSpecFile): a spec Allocate prepared for this container
+// (prepare) is left alone, so the runtime's cache keeps what it read. A
+// spec prepared for another container is rewritten for this one, and the
+// start is refused until the runtime has had SpecSettle to read the
+// rewrite (prepared, settled).
+func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus []string, rec kubeletRecord) error {
+	pod, ca, err := a.matchingAllocation(ctx, ref, ids, gpus, rec)
 	if err != nil {
 		return err
 	}
@@ -97,7 +102,7 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 		return refuse(ReasonAllocationMismatch, ref, pod, "%w", err)
 	}
 	key := handoff.DeviceName(ids)
-	name := a.cdiDeviceOf(ids)
+	name := a.cdiDeviceFor(ref, pod, ids, rec)
 	spec, err := handoff.BuildSpec(name, edits)
 	if err != nil {
 		return refuse(ReasonSpecWriteFailed, ref, pod, "build the CDI spec of %s: %w", handoff.CDIQualifiedName(name), err)
@@ -105,7 +110,8 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	unlock := a.specLocks.lock(key)
 	defer unlock()
 	file := a.specFile(key, name)
-	if err := a.prepared(key, name, file, ref, pod); err != nil {
+	owner, from, err := a.prepared(key, name, file, ref, pod)
+	if err != nil {
 		return err
 	}
 	written, err := handoff.UpdateSpecFile(a.cfg.CDISpecDir, file, spec)
@@ -115,6 +121,9 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 	if written {
 		a.metrics.specWritten(CallPreStartContainer)
 	}
+	if err := a.settled(key, name, ref, pod, owner, from, written); err != nil {
+		return err
+	}
 	a.logger.V(2).Info("CDI spec ready", "container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "devices", ids, "written", written, "enforcement", a.enforcement, "guarded", edits.Guarded)
 	a.reportEnforcement(ref, pod, ca)
 	return nil
@@ -122,36 +131,111 @@ func (a *allocator) writeSpec(ctx context.Context, ref containerRef, ids, gpus [
 
 // prepared checks, with key's spec lock held, the spec Allocate prepared
 // under name (the holding of key, in file) against ref of pod, the
-// container starting: nil when none was prepared or it is ref's. One
-// prepared for another container (GetPreferredAllocation's offer was not
-// the container the kubelet admitted) refuses the start for good once
-// written (file defines name), because a runtime that caches specs may
-// keep serving those edits under the name the kubelet gave this container
-// at Allocate; the pod has to be created again. While it is not written,
-// ref takes the name over (checkpointed before the spec is written) and
-// the prepared spec is never written.
-func (a *allocator) prepared(key, name, file string, ref containerRef, pod *corev1.Pod) error {
+// container starting, and returns the container the spec is prepared for
+// now (nil when none was). One prepared for another container
+// (GetPreferredAllocation's offer was not the container the kubelet
+// admitted: the view lacked the admitted pod, or still showed a pod of
+// that name deleted since) is taken over: ref is recorded in its place
+// (checkpointed before the spec is written), and the prepared spec, if
+// not written yet, never is. When it was written (file defines name), a
+// runtime that caches specs may keep serving those edits under the name
+// the kubelet gave this container at Allocate until it reads the spec
+// again: the take-over then records the time of the rewrite
+// (specOwner.Rewritten) for settled, and returns the other container as
+// from.
+func (a *allocator) prepared(key, name, file string, ref containerRef, pod *corev1.Pod) (owner, from *specOwner, err error) {
 	h, ok := a.claims.holding(key)
-	if !ok || h.Name != name || h.For == nil || h.For.is(ref, pod.UID) {
+	if !ok || h.Name != name || h.For == nil {
+		return nil, nil, nil
+	}
+	if h.For.is(ref, pod.UID) {
+		return h.For, nil, nil
+	}
+	o := specOwner{Ref: ref, PodUID: pod.UID}
+	if handoff.SpecDefines(a.cfg.CDISpecDir, file, name) {
+		from, o.Rewritten = h.For, a.clock.Now()
+		a.logger.Info("CDI spec prepared at Allocate for another container: rewriting it for the container that starts", "cdiDevice", handoff.CDIQualifiedName(name), "preparedFor", h.For.Ref, "preparedPodUID", h.For.PodUID, "container", ref, "podUID", pod.UID)
+	}
+	if _, err := a.claims.prepareFor(key, name, o); err != nil {
+		return nil, nil, refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s is this container's: %w", handoff.CDIQualifiedName(name), err)
+	}
+	return &o, from, nil
+}
+
+// settled refuses the start of ref while its CDI device name, whose spec
+// defined another container's edits until prepared rewrote it (o, the
+// spec's container, has Rewritten set), may still resolve to those edits
+// in a runtime that caches specs (containerd 2.x refreshes its cache when
+// the folder changes, and nothing orders that refresh before the
+// kubelet's CreateContainer): at the start that rewrote it (from, the
+// other container, is then set), and until SpecSettle after. written says
+// this start wrote the spec; when a later start writes it again (the
+// rewrite failed), its time is recorded anew. The kubelet retries a
+// refused start after its pod worker's back-off.
+func (a *allocator) settled(key, name string, ref containerRef, pod *corev1.Pod, o, from *specOwner, written bool) error {
+	if o == nil || o.Rewritten.IsZero() {
 		return nil
 	}
-	if handoff.SpecDefines(a.cfg.CDISpecDir, file, name) {
+	qualified := handoff.CDIQualifiedName(name)
+	if from != nil {
 		return refuse(ReasonAllocationMismatch, ref, pod,
-			"CDI device %s was prepared at Allocate for container %s of pod UID %s, but the kubelet starts it for this container of pod UID %s: the container runtime may keep the other container's edits under that name, so this container cannot start with these devices; delete the pod so that it is created again",
-			handoff.CDIQualifiedName(name), h.For.Ref, h.For.PodUID, pod.UID)
+			"CDI device %s was prepared at Allocate for container %s of pod UID %s, not for this container of pod UID %s (the plugin's view lacked the pod the kubelet admitted, or showed a pod of that name deleted since): its spec now holds this container's slice, and the start is retried once a container runtime that caches specs has had %v to read it",
+			qualified, from.Ref, from.PodUID, pod.UID, a.t.SpecSettle)
 	}
-	if _, err := a.claims.prepareFor(key, name, specOwner{Ref: ref, PodUID: pod.UID}); err != nil {
-		return refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s is this container's: %w", handoff.CDIQualifiedName(name), err)
+	if written {
+		again := *o
+		again.Rewritten = a.clock.Now()
+		if _, err := a.claims.prepareFor(key, name, again); err != nil {
+			return refuse(ReasonSpecWriteFailed, ref, pod, "record that CDI device %s was rewritten for this container: %w", qualified, err)
+		}
+		o = &again
+	}
+	if since := a.clock.Since(o.Rewritten); since < a.t.SpecSettle {
+		return refuse(ReasonAllocationMismatch, ref, pod,
+			"CDI device %s was rewritten for this container %v ago, after a spec prepared at Allocate for another container: the start is retried once a container runtime that caches specs has had %v to read it",
+			qualified, since.Round(time.Millisecond), a.t.SpecSettle)
 	}
 	return nil
 }
 
-// cdiDeviceOf returns the CDI device name Allocate gave the holder of ids.
-// Without one recorded, it is the IDs' key (handoff.DeviceName): the name a
-// release before holder names gave, which a container allocated by one
-// still has. A holder whose record was lost (the checkpoint removed) gets
-// a spec its runtime never asks for, so its start fails as an unresolvable
-// CDI device: it never starts with another holder's edits.
+// cdiDeviceFor returns the CDI device name Allocate gave ref, the holder
+// of ids in pod (confirmed by matchingAllocation), for its start to write
+// the spec under. The kubelet's record (rec) is the answer when it gives
+// ids to ref's container of exactly pod and its Allocate answer names one
+// of this plugin's devices for the IDs: that is the name the runtime is
+// asked for at every start of the container. The plugin's own record may
+// lack it, or still hold the IDs' previous holder's name: Allocate's
+// checkpoint is written in the background (claimStore.hold), so a plugin
+// killed between Allocate's answer and the write loses the name. A name
+// taken from the kubelet's record that the plugin's record lacks is
+// recorded in place of the other (the checkpoint written before it
+// returns; a failed write is logged, and the next start takes it again).
+// Otherwise it is cdiDeviceOf's.
+func (a *allocator) cdiDeviceFor(ref containerRef, pod *corev1.Pod, ids []string, rec kubeletRecord) string {
+	key := handoff.DeviceName(ids)
+	recorded, has := a.claims.held(key)
+	name, ok := rec.cdiDevice(key)
+	switch {
+	case !ok || !rec.confirms(ref, pod.UID):
+		return a.cdiDeviceOf(ids)
+	case has && name == recorded, name == key:
+		return name
+	}
+	a.logger.Info("CDI device name taken from the kubelet's record: the plugin's record lacked it (the plugin stopped before Allocate's checkpoint was written?)",
+		"container", ref, "podUID", pod.UID, "cdiDevice", handoff.CDIQualifiedName(name), "recorded", recorded)
+	if err := a.claims.adopt(ids, name, a.clock.Now()); err != nil {
+		a.logger.Error(err, "Recording the CDI device name taken from the kubelet's record", "cdiDevice", name, "container", ref)
+	}
+	return name
+}
+
+// cdiDeviceOf returns the CDI device name Allocate gave the holder of ids,
+// as the plugin's record has it. Without one recorded, it is the IDs' key
+// (handoff.DeviceName): the name a release before holder names gave,
+// which a container allocated by one still has. A holder whose name is in
+// neither the plugin's record nor the kubelet's (cdiDeviceFor) gets a spec
+// its runtime never asks for, so its start fails as an unresolvable CDI
+// device: it never starts with another holder's edits.
 func (a *allocator) cdiDeviceOf(ids []string) string {
 	key := handoff.DeviceName(ids)
 	if name, ok := a.claims.held(key); ok {
@@ -174,7 +258,7 @@ func (a *allocator) cdiDeviceOf(ids []string) string {
 // for. A match is confirmed with the API
 // server (currentAllocation), since the old and new pods' slices may be on
 // the same GPU.
-func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, ids, gpus []string, rec kubeletRecord) (*corev1.Pod, vgpu.ContainerAllocation, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, a.t.OwnerWait)
 	defer cancel()
 	for {
@@ -185,7 +269,7 @@ func (a *allocator) matchingAllocation(ctx context.Context, ref containerRef, id
 		}
 		deleting := pod.DeletionTimestamp != nil
 		if !deleting && allocationFits(ca, ids, gpus) {
-			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca)
+			return a.currentAllocation(ctx, ref, ids, gpus, pod, ca, rec)
 		}
 		select {
 		case <-changed:
@@ -260,14 +344,14 @@ func allocationFits(ca vgpu.ContainerAllocation, ids, gpus []string) bool {
 // re-established after an API server restart) while a pod is deleted and
 // created again under the same name with a slice on the same GPU: the GPUs
 // then match, and only the UID tells the old pod from the new one. The
-// kubelet's own record of the devices (kubeletConfirms) confirms it
+// kubelet's own record of the devices (rec) confirms it
 // without a read; otherwise the API server does: when it has another pod
 // of that name, that pod's own allocation is checked against the devices
 // and returned instead. A read that fails, or finds no such pod, refuses
 // the start (the kubelet retries): a container must not start with an
 // allocation nobody confirmed is its own.
-func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation) (*corev1.Pod, vgpu.ContainerAllocation, error) {
-	if a.livePod == nil || a.kubeletConfirms(ref, ids, pod) {
+func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids, gpus []string, pod *corev1.Pod, ca vgpu.ContainerAllocation, rec kubeletRecord) (*corev1.Pod, vgpu.ContainerAllocation, error) {
+	if a.livePod == nil || rec.confirms(ref, pod.UID) {
 		return pod, ca, nil
 	}
 	current, err := a.currentPod(ctx, ref)
@@ -296,29 +380,60 @@ func (a *allocator) currentAllocation(ctx context.Context, ref containerRef, ids
 	return current, cca, nil
 }
 
-// kubeletConfirms reports whether the kubelet's device checkpoint
-// (kubeletstate.DeviceHolder) gives ids to ref's container in exactly pod,
-// by UID. The kubelet writes it when it allocates the devices, before the
+// kubeletRecord is what the kubelet's device checkpoint says of the
+// holder of a set of device IDs (kubeletstate.DeviceHolder); ok is false
+// when it says nothing (unreadable, no single holder).
+type kubeletRecord struct {
+	holder kubeletstate.Holder
+	ok     bool
+}
+
+// kubeletRecord reads the kubelet's device checkpoint for ids, once per
+// container start (ref is the container PodResources names, for the log).
+// The kubelet writes it when it allocates the devices, before the
 // container's first start, and hands devices that pass from pod to pod to
-// the new pod only once the old one's entry is gone; so pod is the one
-// whose container starts, and the API server need not be asked (a
-// consistent read, 33–43 ms at the median in a burst of 40 starts on one
-// node, and a read of etcd for each). An unreadable checkpoint, no single
-// holder, or another UID (a pod created again whose view lags; a static
-// pod, whose UID the kubelet has under another value) confirms nothing.
-func (a *allocator) kubeletConfirms(ref containerRef, ids []string, pod *corev1.Pod) bool {
+// the new pod only once the old one's entry is gone.
+func (a *allocator) kubeletRecord(ref containerRef, ids []string) kubeletRecord {
 	h, err := kubeletstate.DeviceHolder(a.cfg.DevicePluginDir, a.cfg.ResourceName, ids)
 	if err != nil {
-		a.logger.V(4).Info("The kubelet's device checkpoint does not confirm the container's pod", "container", ref, "err", err.Error())
-		return false
+		a.logger.V(4).Info("The kubelet's device checkpoint does not name the container's pod", "container", ref, "err", err.Error())
+		return kubeletRecord{}
 	}
-	return h.PodUID == string(pod.UID) && h.Container == ref.Container
+	return kubeletRecord{holder: h, ok: true}
 }
+
+// confirms reports whether r gives the IDs to ref's container in the pod
+// of UID uid: that pod is then the one whose container starts, and the API
+// server need not be asked (a consistent read, 33–43 ms at the median in a
+// burst of 40 starts on one node, and a read of etcd for each). Another
+// UID (a pod created again whose view lags; a static pod, whose UID the
+// kubelet has under another value) or no record confirms nothing.
+func (r kubeletRecord) confirms(ref containerRef, uid types.UID) bool {
+	return r.ok && r.holder.PodUID == string(uid) && r.holder.Container == ref.Container
+}
+
+// cdiDevice returns the CDI device name of this plugin's kind in the
+// Allocate answer r keeps, when it is one the plugin gives the IDs whose
+// key is key: a holder's name of the key (handoff.IsHolderName), or the
+// key itself (a release before holder names).
+func (r kubeletRecord) cdiDevice(key string) (string, bool) {
+	for _, q := range r.holder.CDIDevices {
+		name, ok := strings.CutPrefix(q, handoff.CDIKind+"=")
+		if ok && (name == key || handoff.IsHolderName(name, key)) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// errPodGone means the API server has no pod of that name on this node.
+var errPodGone = errors.New("no such pod on this node")
 
 // currentPod reads ref's pod from the API server: one GET, a consistent
 // read, made after the call began. It is on every container start's path:
 // in a burst of 40 starts on one node, the shared list of the node's pods
-// it made before took 88 ms at the median, one GET 24–28 ms.
+// it made before took 88 ms at the median, one GET 24–28 ms. An error
+// wraps errPodGone when the API server answered without such a pod.
 func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.Pod, error) {
 	pod, err := a.livePod(ctx, ref.Namespace, ref.Pod)
 	switch {
@@ -328,12 +443,14 @@ func (a *allocator) currentPod(ctx context.Context, ref containerRef) (*corev1.P
 	case pod.Spec.NodeName == a.cfg.NodeName:
 		return pod, nil
 	}
-	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s", ref.Namespace, ref.Pod, a.cfg.NodeName)
+	return nil, fmt.Errorf("the API server has no pod %s/%s on node %s: %w", ref.Namespace, ref.Pod, a.cfg.NodeName, errPodGone)
 }
 
 // verifyBinding checks, in mode env, that Allocate answered ids with the
-// environment of ref, the container now starting with them.
-func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
+// environment of ref, the container now starting with them, and of the
+// very pod it belongs to (confirmBinding); rec is the kubelet's record of
+// ids.
+func (a *allocator) verifyBinding(ctx context.Context, ref containerRef, ids []string, rec kubeletRecord) error {
 	pod, _ := a.pods.Pod(ref.Namespace, ref.Pod)
 	b, ok := a.claims.binding(handoff.DeviceName(ids))
 	if !ok {
@@ -344,9 +461,41 @@ func (a *allocator) verifyBinding(ref containerRef, ids []string) error {
 		return refuse(ReasonAllocationMismatch, ref, pod,
 			"devices %v were allocated to %s but started for %s: the container would run with another pod's limits; delete the pod so that it is created again", ids, b.Ref, ref)
 	}
-	if pod != nil && pod.UID != b.PodUID {
+	return a.confirmBinding(ctx, ref, ids, b, pod, rec)
+}
+
+// confirmBinding checks that b, the binding of ids to ref, is for the pod
+// whose container starts, by UID, as mode cdi confirms its pods
+// (currentAllocation): the kubelet's record (rec) confirms it without a
+// read; otherwise the API server's pod of that name decides (one GET). The
+// view (pod, nil when it lacks ref's pod) cannot: while it lags, a pod
+// deleted and created again under the same name (a StatefulSet's web-0)
+// shows the old pod's UID, which a binding made from that view has too,
+// and the new container would run with the old pod's limits. A start the
+// API server cannot confirm is refused (the kubelet retries); one of
+// another pod is refused for good, since the kubelet replays Allocate's
+// environment at every start. Without an API client the view decides.
+func (a *allocator) confirmBinding(ctx context.Context, ref containerRef, ids []string, b claim, pod *corev1.Pod, rec kubeletRecord) error {
+	if rec.confirms(ref, b.PodUID) {
+		return nil
+	}
+	uid := types.UID("")
+	if a.livePod == nil {
+		if pod == nil {
+			return nil
+		}
+		uid = pod.UID
+	} else {
+		current, err := a.currentPod(ctx, ref)
+		if err != nil {
+			return refuse(ReasonAllocationMismatch, ref, pod,
+				"cannot confirm with the API server that devices %v of %s were allocated for its pod (UID %s): %w; the start is retried", ids, ref, b.PodUID, err)
+		}
+		pod, uid = current, current.UID
+	}
+	if uid != b.PodUID {
 		return refuse(ReasonAllocationMismatch, ref, pod,
-			"devices %v were allocated to %s (pod UID %s) but started for %s (pod UID %s); delete the pod so that it is created again", ids, b.Ref, b.PodUID, ref, pod.UID)
+			"devices %v were allocated to %s (pod UID %s) but started for %s (pod UID %s): the container would run with another pod's limits; delete the pod so that it is created again", ids, b.Ref, b.PodUID, ref, uid)
 	}
 	return nil
 }

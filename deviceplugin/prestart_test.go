@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -279,6 +280,21 @@ func TestPreStartTakesTheKubeletsRecordOfThePod(t *testing.T) {
 // ids of the plugin's resource.
 func (f *handoffFixture) kubeletCheckpoint(uid, container string, ids ...string) {
 	f.t.Helper()
+	f.kubeletCheckpointAnswer(uid, container, nil, ids...)
+}
+
+// kubeletCheckpointAnswer is kubeletCheckpoint with resp, the plugin's
+// Allocate answer for the container, which the kubelet keeps in its entry
+// (protobuf-encoded); nil keeps none.
+func (f *handoffFixture) kubeletCheckpointAnswer(uid, container string, resp *pluginapi.ContainerAllocateResponse, ids ...string) {
+	f.t.Helper()
+	var answer []byte
+	if resp != nil {
+		var err error
+		if answer, err = proto.Marshal(resp); err != nil {
+			f.t.Fatal(err)
+		}
+	}
 	type entry struct {
 		PodUID, ContainerName, ResourceName string
 		DeviceIDs                           map[string][]string
@@ -291,7 +307,7 @@ func (f *handoffFixture) kubeletCheckpoint(uid, container string, ids ...string)
 		}
 		Checksum uint64
 	}
-	cp.Data.PodDeviceEntries = []entry{{PodUID: uid, ContainerName: container, ResourceName: f.cfg.ResourceName, DeviceIDs: map[string][]string{"-1": ids}}}
+	cp.Data.PodDeviceEntries = []entry{{PodUID: uid, ContainerName: container, ResourceName: f.cfg.ResourceName, DeviceIDs: map[string][]string{"-1": ids}, AllocResp: answer}}
 	data, err := json.Marshal(cp)
 	if err != nil {
 		f.t.Fatal(err)

@@ -47,12 +47,15 @@ var errNotSyncedBind = errors.New(fieldManager + " not ready: informer caches no
 //
 // Before the informers synced it refuses (errNotSyncedBind). When
 // Config.MaxPendingBinds calls are already waiting for the API client it
-// refuses at once (ErrOverloaded). On any failure it drops the reservation
-// and returns a result with Error; when the request's outcome is unknown
-// (a timeout, a lost reply) it reads the pod to tell (boundAfterAll), and
-// a pod bound to args.Node with its allocation after all counts as bound.
-// The Binding request is bounded by Config.BindTimeout, and so are the
-// reads that follow one with an unknown outcome. A pod that asks for no GPU is
+// refuses at once (ErrOverloaded). On a failure the API server answered it
+// drops the reservation and returns a result with Error; when the
+// request's outcome is unknown (a timeout, a lost reply, a 5xx) it reads
+// the pod to tell (outcomeAfterAll): a pod bound to args.Node with its
+// allocation after all counts as bound, one that can no longer be bound
+// drops the reservation, and one not bound yet keeps it, in doubt
+// (doubt.go), and the Error wraps ErrBindInDoubt. The Binding request is
+// bounded by Config.BindTimeout, and so are the reads that follow one with
+// an unknown outcome. A pod that asks for no GPU is
 // bound without an annotation. Each call with valid arguments is counted
 // in MetricBinds by result. The error is non-nil, wrapping ErrBadArgs, only
 // for arguments kube-scheduler never sends.
@@ -89,6 +92,8 @@ func (s *Scheduler) Bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 			reason = "Overloaded"
 		case errors.Is(err, errNotSyncedBind):
 			reason = "NotSynced"
+		case errors.Is(err, ErrBindInDoubt):
+			reason = "InDoubt"
 		}
 		logger.Info("Bind failed", "reason", reason, "err", err.Error(), "duration", elapsed)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}, nil
@@ -125,10 +130,19 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	if err != nil {
 		return "", err
 	}
-	err = s.postBinding(ctx, pod, args.Node, entry.raw)
-	if err != nil && (!outcomeUnknown(err) || !s.boundAfterAll(ctx, entry, pod)) {
-		s.state.release(entry)
-		return "", err
+	sent := s.clock.Now()
+	if err := s.postBinding(ctx, pod, args.Node, entry.raw); err != nil {
+		outcome := bindImpossible
+		if outcomeUnknown(err) {
+			outcome = s.outcomeAfterAll(ctx, entry, pod)
+		}
+		switch outcome {
+		case bindImpossible:
+			s.state.release(entry)
+			return "", err
+		case bindPending:
+			return "", s.doubt(ctx, pod, entry, sent, err)
+		}
 	}
 	s.bound(pod, seen)
 	s.placed(pod, entry)
@@ -211,6 +225,9 @@ func (s *Scheduler) reserve(node string, d *demand) (*podEntry, error) {
 // generation it saw. Callers hold st.mu.
 func (s *Scheduler) checkLocked(node string, d *demand, now time.Time) (verdict, uint64, error) {
 	if e := s.state.pods[d.uid]; e != nil && e.reserved {
+		if b, ok := s.doubts.get(d.uid); ok && b.entry == e {
+			return verdict{}, 0, fmt.Errorf("an earlier Binding of this pod to node %s had an unknown outcome (%w): %s", e.node, ErrBindInDoubt, doubtMessage(e.node, b.until))
+		}
 		return verdict{}, 0, fmt.Errorf("a bind of this pod to node %s is already in progress", e.node)
 	}
 	v := s.evaluateLocked(node, d, now)
@@ -251,43 +268,40 @@ func outcomeUnknown(err error) bool {
 	return code == 0 || code >= http.StatusInternalServerError || code == http.StatusRequestTimeout
 }
 
-// Back-off between boundAfterAll's reads of a pod while the API server
+// Back-off between outcomeAfterAll's reads of a pod while the API server
 // does not answer (it restarts: the lost reply was likely its going down).
 const (
 	outcomeReadInitial = 100 * time.Millisecond
 	outcomeReadMax     = time.Second
 )
 
-// boundAfterAll reads the pod after a Binding whose outcome is unknown and
-// reports whether it is bound to e's node with e's allocation. It runs on
-// its own deadline (Config.BindTimeout), so a bind that failed by timing
-// out can still tell, and reads again with back-off while the API server
-// does not answer: a bind reported failed that did land makes
-// kube-scheduler place the pod again, and its cache then sees the pod on
-// another node than it assumed (kube-scheduler exits on that).
-func (s *Scheduler) boundAfterAll(ctx context.Context, e *podEntry, pod *corev1.Pod) bool {
+// outcomeAfterAll reads the pod after a Binding whose outcome is unknown
+// and tells what the read says (readOutcome): bound to e's node with e's
+// allocation, not bound yet, or never to be bound now. It runs on its own
+// deadline (Config.BindTimeout), so a bind that failed by timing out can
+// still tell, and reads again with back-off while the API server does not
+// answer (bindPending when it never does): a bind reported failed that did
+// land makes kube-scheduler place the pod again, and its cache then sees
+// the pod on another node than it assumed (kube-scheduler exits on that).
+func (s *Scheduler) outcomeAfterAll(ctx context.Context, e *podEntry, pod *corev1.Pod) bindOutcome {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BindTimeout.Duration)
 	defer cancel()
 	delay := outcomeReadInitial
 	for {
-		cur, err := s.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		switch {
-		case err == nil:
-			if cur.UID == e.uid && cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw {
+		outcome, err := s.readOutcome(ctx, e, pod.Namespace, pod.Name)
+		if err == nil {
+			if outcome == bindLanded {
 				logger.Info("Pod is bound after all; keeping its allocation")
-				return true
 			}
-			return false
-		case apierrors.IsNotFound(err):
-			return false
+			return outcome
 		}
 		timer := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			logger.Info("Could not read the pod after a bind with unknown outcome", "err", err.Error())
-			return false
+			return bindPending
 		case <-timer.C:
 		}
 		delay = min(2*delay, outcomeReadMax)

@@ -89,11 +89,7 @@ func TestBindPodWithoutGPU(t *testing.T) {
 // TestBindFailure checks every way a bind fails: the result names the
 // cause, and no annotation and no reservation are left behind.
 func TestBindFailure(t *testing.T) {
-	rejectBinding := func(c k8stesting.FakeClient) {
-		c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			return a.GetSubresource() == "binding", nil, apierrors.NewInternalError(errors.New("etcd is on fire"))
-		})
-	}
+	rejectBinding := func(c k8stesting.FakeClient) { c.PrependReactor("create", "pods", forbidBinding) }
 	conflictBinding := func(c k8stesting.FakeClient) {
 		c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 			return a.GetSubresource() == "binding", nil, apierrors.NewConflict(podsResource.GroupResource(), "p", errors.New("the object has been modified"))
@@ -107,7 +103,7 @@ func TestBindFailure(t *testing.T) {
 		reactor func(k8stesting.FakeClient)
 		want    string
 	}{
-		{name: "binding rejected", reactor: rejectBinding, want: "bind pod default/p to node n1: Internal error occurred: etcd is on fire"},
+		{name: "binding rejected", reactor: rejectBinding, want: `bind pod default/p to node n1: pods "p" is forbidden: not on this node`},
 		{name: "binding conflict", reactor: conflictBinding, want: "bind pod default/p to node n1: Operation cannot be fulfilled on pods \"p\": the object has been modified"},
 		{name: "pod replaced", args: func(*corev1.Pod) (types.UID, string) { return "old-uid", "n1" },
 			want: "pod default/p has UID uid-p, not old-uid: it was replaced"},
@@ -216,9 +212,7 @@ func TestBindCountsHostOnce(t *testing.T) {
 			pod := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(4096).Limit(corev1.ResourceCPU, "2").Obj()
 			client := newFakeClient(objects(n1, []runtime.Object{pod})...)
 			if fail {
-				client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-					return a.GetSubresource() == "binding", nil, apierrors.NewInternalError(errors.New("etcd is on fire"))
-				})
+				client.PrependReactor("create", "pods", forbidBinding)
 			}
 			// A fixed workload: a new snapshot of the online one would
 			// rebuild every summary at a time of its own.
@@ -254,4 +248,10 @@ func TestBindCountsHostOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// forbidBinding is a reactor that refuses every Binding with a 403: the
+// API server answered, so the pod is certainly not bound.
+func forbidBinding(a k8stesting.Action) (bool, runtime.Object, error) {
+	return a.GetSubresource() == "binding", nil, apierrors.NewForbidden(podsResource.GroupResource(), "p", errors.New("not on this node"))
 }

@@ -30,6 +30,14 @@ const (
 	// MaxBindTimeout bounds BindTimeout: kube-scheduler's httpTimeout caps
 	// how long it waits anyway.
 	MaxBindTimeout = 5 * time.Minute
+	// DefaultBindOutcomeWait is kube-apiserver's default --request-timeout
+	// (1 m), after which it no longer works on a request, plus 30 s for a
+	// write it had already handed to etcd to be committed or dropped
+	// (etcd's leader election takes about a second at its defaults).
+	DefaultBindOutcomeWait = 90 * time.Second
+	// MaxBindOutcomeWait bounds BindOutcomeWait: a pod whose Binding is
+	// in doubt waits that long for its GPUs at most.
+	MaxBindOutcomeWait = time.Hour
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the extender's API
 	// client rate limit. A bind is one request, so this matches a
 	// kube-scheduler whose clientConnection allows as much.
@@ -100,6 +108,12 @@ type Config struct {
 	// the allocation, post the Binding). Keep it below the httpTimeout of
 	// kube-scheduler's extender configuration.
 	BindTimeout metav1.Duration `json:"bindTimeout"`
+	// BindOutcomeWait is how long after a Binding whose outcome is unknown
+	// (a timeout, a lost reply, a 5xx) its pod keeps the GPUs reserved
+	// while the API server shows it unbound: the API server may still
+	// commit the Binding until its own request deadline has passed. Set it
+	// above kube-apiserver's --request-timeout, at least BindTimeout.
+	BindOutcomeWait metav1.Duration `json:"bindOutcomeWait"`
 	// KubeAPIQPS and KubeAPIBurst are the API client's sustained rate and
 	// burst, in requests per second. Bind makes one request per pod; size
 	// them at least as large as kube-scheduler's clientConnection qps and
@@ -183,6 +197,7 @@ func DefaultConfig() Config {
 		HeartbeatNamespace: vgpu.DefaultHeartbeatNamespace,
 		ResourceName:       string(vgpu.ResourceGPU),
 		BindTimeout:        metav1.Duration{Duration: DefaultBindTimeout},
+		BindOutcomeWait:    metav1.Duration{Duration: DefaultBindOutcomeWait},
 		KubeAPIQPS:         DefaultKubeAPIQPS,
 		KubeAPIBurst:       DefaultKubeAPIBurst,
 		GCPercent:          DefaultGCPercent,
@@ -263,8 +278,13 @@ func (c Config) Validate() error {
 	if !vgpu.IsExtendedResourceName(c.ResourceName) {
 		errs = append(errs, vgpu.InvalidField("resourceName", c.ResourceName, "must be an extended resource name like hami.io/gpu (a domain outside kubernetes.io, a slash, a name)"))
 	}
+	minOutcomeWait := c.BindTimeout.Duration
 	if d := c.BindTimeout.Duration; d < 100*time.Millisecond || d > MaxBindTimeout {
 		errs = append(errs, vgpu.InvalidField("bindTimeout", c.BindTimeout.String(), "must be a duration from 100ms to "+MaxBindTimeout.String()+", below kube-scheduler's extender httpTimeout"))
+		minOutcomeWait = 0 // reported once, as bindTimeout
+	}
+	if d := c.BindOutcomeWait.Duration; d < minOutcomeWait || d <= 0 || d > MaxBindOutcomeWait {
+		errs = append(errs, vgpu.InvalidField("bindOutcomeWait", c.BindOutcomeWait.String(), "must be a duration from bindTimeout ("+c.BindTimeout.String()+") to "+MaxBindOutcomeWait.String()+", above kube-apiserver's --request-timeout (1m by default)"))
 	}
 	if !(c.KubeAPIQPS >= 1) || c.KubeAPIQPS > 100000 {
 		errs = append(errs, vgpu.InvalidField("kubeAPIQPS", fmt.Sprint(c.KubeAPIQPS), "must be from 1 to 100000 requests per second"))

@@ -41,6 +41,8 @@ func TestConfigValidate(t *testing.T) {
 		{"namespace", func(c *Config) { c.HeartbeatNamespace = "Kube_Node_Lease" }, []string{"heartbeatNamespace"}},
 		{"resource name", func(c *Config) { c.ResourceName = "gpu" }, []string{"resourceName"}},
 		{"bind timeout", func(c *Config) { c.BindTimeout = metav1.Duration{Duration: time.Hour} }, []string{"bindTimeout"}},
+		{"bind outcome wait below bind timeout", func(c *Config) { c.BindOutcomeWait = metav1.Duration{Duration: time.Second} }, []string{"bindOutcomeWait"}},
+		{"bind outcome wait unset", func(c *Config) { c.BindOutcomeWait = metav1.Duration{} }, []string{"bindOutcomeWait"}},
 		{"gc percent", func(c *Config) { c.GCPercent = 0 }, []string{"gcPercent"}},
 		{"several at once", func(c *Config) { c.NodePolicy, c.GPUPolicy = "x", "y" }, []string{"nodePolicy", "gpuPolicy"}},
 	}

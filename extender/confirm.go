@@ -108,7 +108,8 @@ func (s *Scheduler) cachedPod(namespace, name string, uid types.UID) (any, bool)
 	return obj, true
 }
 
-// confirmLoop runs confirmBinds every confirmInterval until ctx ends.
+// confirmLoop runs confirmBinds and resolveDoubts every confirmInterval
+// until ctx ends.
 func (s *Scheduler) confirmLoop(ctx context.Context) {
 	t := time.NewTicker(confirmInterval)
 	defer t.Stop()
@@ -119,6 +120,7 @@ func (s *Scheduler) confirmLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		s.confirmBinds(ctx)
+		s.resolveDoubts(ctx)
 	}
 }
 

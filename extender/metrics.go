@@ -23,6 +23,7 @@ const (
 	MetricRetries              = "gpuslice_extender_scheduler_retries_total"
 	MetricBindPodReads         = "gpuslice_extender_bind_pod_reads_total"
 	MetricStaleReleased        = "gpuslice_extender_stale_reservations_released_total"
+	MetricBindsInDoubt         = "gpuslice_extender_binds_in_doubt"
 	MetricGPUMemoryAllocated   = "gpuslice_gpu_memory_allocated_mib"
 	MetricGPUCoresAllocated    = "gpuslice_gpu_cores_allocated_percent"
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
@@ -43,6 +44,10 @@ const (
 	BindOverloaded = "overloaded"
 	// BindNotSynced: refused because the informers had not synced yet.
 	BindNotSynced = "not_synced"
+	// BindInDoubt: the Binding's outcome is unknown and the pod was not
+	// bound yet; its GPUs stay reserved until that is settled (a retry of
+	// such a pod counts here too).
+	BindInDoubt = "in_doubt"
 	// BindError: any other failure: the pod changed or went, an API
 	// request failed or timed out, the pod's request is invalid.
 	BindError = "error"
@@ -98,9 +103,9 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 	}, []string{"verb"})
 	binds := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: MetricBinds,
-		Help: "Bind calls by result: success, unfit (the pod no longer fits the chosen node), overloaded (refused at once: maxPendingBinds binds were waiting), not_synced (refused: informers not synced) or error.",
+		Help: "Bind calls by result: success, unfit (the pod no longer fits the chosen node), overloaded (refused at once: maxPendingBinds binds were waiting), not_synced (refused: informers not synced), in_doubt (the Binding's outcome is unknown and the pod not bound yet: its GPUs stay reserved) or error.",
 	}, []string{"result"})
-	for _, r := range []string{BindSuccess, BindUnfit, BindOverloaded, BindNotSynced, BindError} {
+	for _, r := range []string{BindSuccess, BindUnfit, BindOverloaded, BindNotSynced, BindInDoubt, BindError} {
 		binds.WithLabelValues(r)
 	}
 	retries := prometheus.NewCounter(prometheus.CounterOpts{
@@ -115,6 +120,10 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		Name: MetricStaleReleased,
 		Help: "Pods bound by the extender that its informers never saw and that the API server no longer had running when read " + confirmGrace.String() + " later; what they held was released (each is a watch gap that lost a deletion).",
 	})
+	inDoubt := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: MetricBindsInDoubt,
+		Help: "Pods whose Binding had an unknown outcome and that were not seen bound yet: their GPUs stay reserved until the API server shows them bound or gone, or still unbound after bindOutcomeWait.",
+	}, func() float64 { return float64(s.bindsInDoubt()) })
 	m := &metrics{
 		bindPodReads:  bindPodReads,
 		staleReleased: staleReleased,
@@ -135,7 +144,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, staleReleased, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
+	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, staleReleased, inDoubt, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}
@@ -172,6 +181,8 @@ func (m *metrics) bindResult(err error) {
 		m.binds.WithLabelValues(BindOverloaded).Inc()
 	case errors.Is(err, errNotSyncedBind):
 		m.binds.WithLabelValues(BindNotSynced).Inc()
+	case errors.Is(err, ErrBindInDoubt):
+		m.binds.WithLabelValues(BindInDoubt).Inc()
 	default:
 		m.binds.WithLabelValues(BindError).Inc()
 	}

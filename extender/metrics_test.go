@@ -52,7 +52,7 @@ func TestMetrics(t *testing.T) {
 	e.prioritize(small, "n1")
 
 	got := metricstest.Pick(metricstest.Scrape(t, nil, e.srv.URL+"/metrics"),
-		MetricRequests, MetricRequestDuration+"_count", MetricBinds, MetricFilterRejections,
+		MetricRequests, MetricRequestDuration+"_count", MetricBinds, MetricBindsInDoubt, MetricFilterRejections,
 		MetricGPUMemoryAllocated, MetricGPUCoresAllocated, MetricGPUSlicesAllocated, MetricGPUMemorySchedulable)
 	want := map[string]float64{
 		`gpuslice_extender_requests_total{code="200",verb="filter"}`:             2,
@@ -67,6 +67,8 @@ func TestMetrics(t *testing.T) {
 		`gpuslice_extender_binds_total{result="error"}`:                          1,
 		`gpuslice_extender_binds_total{result="overloaded"}`:                     0,
 		`gpuslice_extender_binds_total{result="not_synced"}`:                     0,
+		`gpuslice_extender_binds_total{result="in_doubt"}`:                       0,
+		`gpuslice_extender_binds_in_doubt`:                                       0,
 		`gpuslice_extender_filter_rejections_total{reason="NoHeartbeat"}`:        1,
 		`gpuslice_extender_filter_rejections_total{reason="NodeUnknown"}`:        1,
 		`gpuslice_extender_filter_rejections_total{reason="InsufficientMemory"}`: 1,
@@ -114,10 +116,10 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results, the plain counters and the pending pods
+	// Only the bind results, the plain counters, the binds in doubt and the pending pods
 	// (one series per reason) start at 0; the vectors appear with their
 	// first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBindsInDoubt, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

@@ -82,6 +82,9 @@ type Scheduler struct {
 	// unconfirmed are the pods Bind bound that the pod informer's cache
 	// did not have (confirmBinds).
 	unconfirmed unconfirmedBinds
+	// doubts are the reservations of binds whose Binding had an unknown
+	// outcome and whose pod was not bound yet (doubt.go).
+	doubts doubtfulBinds
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics

@@ -19,26 +19,33 @@ const (
 	// maxObjectNameLength is the longest DNS-1123 subdomain, the limit on a
 	// Lease's name.
 	maxObjectNameLength = 253
+	// heartbeatLeaseHashDigits is how many hex digits of the node name's
+	// SHA-256 end a shortened heartbeat Lease name.
+	heartbeatLeaseHashDigits = 16
+	// HeartbeatLeaseNodePrefix is how many leading characters of a node
+	// name too long for "gpuslice-" + node a shortened heartbeat Lease name
+	// keeps. The chart's node policy checks a shortened name by them (CEL
+	// has no SHA-256), so its template repeats this number.
+	HeartbeatLeaseNodePrefix = maxObjectNameLength - len(heartbeatLeasePrefix) - heartbeatLeaseHashDigits
 )
 
-// HeartbeatLeaseName returns the name of the device plugin's heartbeat Lease
+// HeartbeatLeaseName returns the name of the node agent's heartbeat Lease
 // for node: "gpuslice-" + node. node must be a Node's name (a DNS-1123
-// subdomain). When the result would exceed 253 characters it is shortened
-// to a prefix of node followed by "-" and 16 hex digits of the SHA-256 of
-// node, so it is still a valid, stable, practically unique name. The writer
-// (device plugin) and the readers call this same function.
+// subdomain, at most 253 characters). When that would exceed 253
+// characters (node names over 244), it is "gpuslice-", the first
+// HeartbeatLeaseNodePrefix (228) characters of node and 16 hex digits of
+// the SHA-256 of node: 253 characters, a valid name whatever character the
+// cut lands on (the digits follow a letter, a digit, "-" or "."), stable
+// and practically unique, and one whose prefix a ValidatingAdmissionPolicy
+// can check. The writer (node/publish) and the readers (the extender,
+// kubectl gpuslice) call this same function.
 func HeartbeatLeaseName(node string) string {
 	name := heartbeatLeasePrefix + node
 	if len(name) <= maxObjectNameLength {
 		return name
 	}
 	sum := sha256.Sum256([]byte(node))
-	suffix := "-" + hex.EncodeToString(sum[:8])
-	prefix := name[:maxObjectNameLength-len(suffix)]
-	// A label may not end in "-" or ".", and the suffix starts a new
-	// "-"-joined part of the last label.
-	prefix = strings.TrimRight(prefix, "-.")
-	return prefix + suffix
+	return heartbeatLeasePrefix + node[:HeartbeatLeaseNodePrefix] + hex.EncodeToString(sum[:heartbeatLeaseHashDigits/2])
 }
 
 // IsHeartbeatLeaseName reports whether name can be a name HeartbeatLeaseName

@@ -77,16 +77,25 @@ func TestHeartbeatLeaseName(t *testing.T) {
 		{name: "short", node: "gpu-node-1", want: "gpuslice-gpu-node-1"},
 		{name: "dotted", node: "ip-10-0-0-1.ec2.internal", want: "gpuslice-ip-10-0-0-1.ec2.internal"},
 		{name: "longest kept as is", node: long(244, ""), want: "gpuslice-" + long(244, "")},
-		{name: "one too long", node: long(245, "")},
+		{name: "one too long", node: long(245, ""), want: "gpuslice-" + long(228, "") + "5553f05514a6f627"},
 		{name: "longest node name", node: long(253, "")},
 		{name: "cut lands on a dot", node: long(226, "") + ".b" + long(24, "")},
 		{name: "cut lands on a dash", node: long(226, "") + "-b" + long(24, "")},
+		{name: "cut after a dot", node: long(227, "") + ".b" + long(23, "")},
+		{name: "cut after a dash", node: long(227, "") + "-b" + long(23, "")},
+		{name: "same prefix, other tail", node: long(228, "") + "b" + long(24, "")},
 	}
 	seen := map[string]string{}
 	for _, tt := range tests {
 		got := vgpu.HeartbeatLeaseName(tt.node)
 		if tt.want != "" && got != tt.want {
 			t.Errorf("%s: HeartbeatLeaseName() = %q, want %q", tt.name, got, tt.want)
+		}
+		// The chart's node policy, which cannot hash, checks a shortened
+		// name by its length and the node name's first characters.
+		if full := "gpuslice-" + tt.node; len(full) > 253 &&
+			(len(got) != 253 || !strings.HasPrefix(got, "gpuslice-"+tt.node[:vgpu.HeartbeatLeaseNodePrefix])) {
+			t.Errorf("%s: HeartbeatLeaseName() = %q, want 253 characters starting with gpuslice- and the node's first %d", tt.name, got, vgpu.HeartbeatLeaseNodePrefix)
 		}
 		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
 			t.Errorf("%s: HeartbeatLeaseName() = %q, not a valid name: %v", tt.name, got, errs)

@@ -5,12 +5,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -241,3 +244,120 @@ func draContainer(c *corev1.Container, field string, index int) []JSONPatchOp {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// maxTemplateDiffs bounds the differences draTemplateDiff reports, and
+// maxShownValue the bytes of each value it quotes, so that a denial stays
+// short whatever a template holds.
+const (
+	maxTemplateDiffs = 4
+	maxShownValue    = 80
+)
+
+// draTemplateDiff returns what makes have, the template stored under want's
+// name, other than the one the webhook makes: a missing LabelDRATemplate
+// label, a deletion under way, then each field of the spec that differs
+// (its JSON path, the value found and the value wanted), at most
+// maxTemplateDiffs in all; nil when have is want. Fields compare under
+// Semantic equality, so the API server's defaults, empty lists and
+// quantities written in other units are not differences.
+func draTemplateDiff(have, want *resourcev1.ResourceClaimTemplate) []string {
+	var out []string
+	if v := have.Labels[LabelDRATemplate]; v != want.Labels[LabelDRATemplate] {
+		out = append(out, fmt.Sprintf("metadata.labels[%s] is %s, want %s", LabelDRATemplate, showLabel(have.Labels, LabelDRATemplate), strconv.Quote(want.Labels[LabelDRATemplate])))
+	}
+	if have.DeletionTimestamp != nil {
+		out = append(out, "metadata.deletionTimestamp is set: the template is being deleted")
+	}
+	fieldDiff("spec", reflect.ValueOf(have.Spec), reflect.ValueOf(want.Spec), &out)
+	return out
+}
+
+func showLabel(labels map[string]string, key string) string {
+	if v, ok := labels[key]; ok {
+		return strconv.Quote(v)
+	}
+	return "absent"
+}
+
+var quantityType = reflect.TypeFor[resource.Quantity]()
+
+// fieldDiff appends to out, up to maxTemplateDiffs, the paths below path at
+// which have and want (values of one type, as the API serializes them)
+// differ: it descends into structs by their JSON names, into lists by index
+// (after their lengths) and into maps by key, and reports a difference at
+// the deepest level it can name.
+func fieldDiff(path string, have, want reflect.Value, out *[]string) {
+	if len(*out) >= maxTemplateDiffs || equality.Semantic.DeepEqual(have.Interface(), want.Interface()) {
+		return
+	}
+	before := len(*out)
+	switch have.Kind() {
+	case reflect.Pointer:
+		if !have.IsNil() && !want.IsNil() {
+			fieldDiff(path, have.Elem(), want.Elem(), out)
+		}
+	case reflect.Struct:
+		if have.Type() == quantityType {
+			break
+		}
+		for i := range have.NumField() {
+			f := have.Type().Field(i)
+			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case !f.IsExported() || name == "-":
+				continue
+			case name == "" && (f.Anonymous || opts == "inline"):
+				fieldDiff(path, have.Field(i), want.Field(i), out)
+			case name == "":
+				fieldDiff(path+"."+f.Name, have.Field(i), want.Field(i), out)
+			default:
+				fieldDiff(path+"."+name, have.Field(i), want.Field(i), out)
+			}
+		}
+	case reflect.Slice:
+		if have.Len() != want.Len() {
+			*out = append(*out, fmt.Sprintf("%s has %d entries, want %d", path, have.Len(), want.Len()))
+		}
+		for i := range min(have.Len(), want.Len()) {
+			fieldDiff(fmt.Sprintf("%s[%d]", path, i), have.Index(i), want.Index(i), out)
+		}
+	case reflect.Map:
+		keys := map[string]reflect.Value{}
+		for _, m := range []reflect.Value{have, want} {
+			for _, k := range m.MapKeys() {
+				keys[fmt.Sprint(k.Interface())] = k
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(keys)) {
+			k, p := keys[name], path+"["+name+"]"
+			h, w := have.MapIndex(k), want.MapIndex(k)
+			switch {
+			case !h.IsValid():
+				*out = append(*out, fmt.Sprintf("%s is absent, want %s", p, showValue(w)))
+			case !w.IsValid():
+				*out = append(*out, fmt.Sprintf("%s is %s, want absent", p, showValue(h)))
+			default:
+				fieldDiff(p, h, w, out)
+			}
+			if len(*out) >= maxTemplateDiffs {
+				break
+			}
+		}
+	}
+	if len(*out) == before && len(*out) < maxTemplateDiffs {
+		*out = append(*out, fmt.Sprintf("%s is %s, want %s", path, showValue(have), showValue(want)))
+	}
+}
+
+// showValue is v as JSON, cut to maxShownValue bytes.
+func showValue(v reflect.Value) string {
+	b, err := json.Marshal(v.Interface())
+	if err != nil {
+		return fmt.Sprintf("%v", v.Interface())
+	}
+	if len(b) > maxShownValue {
+		// Cut at a rune's start: the JSON may quote a user's text.
+		return strings.ToValidUTF8(string(b[:maxShownValue]), "") + "…"
+	}
+	return string(b)
+}

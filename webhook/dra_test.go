@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -320,10 +321,12 @@ func TestHandlerDRATemplates(t *testing.T) {
 		ensureErr   error
 		wantAllowed bool
 		wantCreated int
+		wantCode    int32
 	}{
-		{"created, then admitted", false, nil, true, 1},
-		{"dry run: nothing created", true, nil, true, 0},
-		{"creation fails: refused", false, errors.New("forbidden"), false, 1},
+		{"created, then admitted", false, nil, true, 1, 0},
+		{"dry run: nothing created", true, nil, true, 0, 0},
+		{"creation fails: refused", false, errors.New("forbidden"), false, 1, http.StatusInternalServerError},
+		{"another template holds the name: refused", false, fmt.Errorf("ResourceClaimTemplate ml/x %w: forbidden", webhook.ErrTemplateConflict), false, 1, http.StatusConflict},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -338,8 +341,8 @@ func TestHandlerDRATemplates(t *testing.T) {
 			if resp.Allowed != tt.wantAllowed {
 				t.Errorf("allowed %t, want %t (%+v)", resp.Allowed, tt.wantAllowed, resp)
 			}
-			if !tt.wantAllowed && (resp.Code != http.StatusInternalServerError || !strings.Contains(resp.Message, "forbidden")) {
-				t.Errorf("answer %+v, want 500 naming the cause", resp)
+			if !tt.wantAllowed && (resp.Code != tt.wantCode || !strings.Contains(resp.Message, "forbidden")) {
+				t.Errorf("answer %+v, want %d naming the cause", resp, tt.wantCode)
 			}
 			if len(rec.created) != tt.wantCreated {
 				t.Errorf("templates created %v, want %d", rec.created, tt.wantCreated)

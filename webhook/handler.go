@@ -235,7 +235,9 @@ func (h *handler) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		if h.templates == nil {
 			return denied(resp, http.StatusInternalServerError, "gpuslice webhook: "+ErrNoTemplates.Error()), ReasonInternalError
 		}
-		if err := h.templates.Ensure(ctx, res.Template); err != nil {
+		if err := h.templates.Ensure(ctx, res.Template); errors.Is(err, ErrTemplateConflict) {
+			return denied(resp, http.StatusConflict, "gpuslice webhook: the pod's claim template: "+err.Error()), ReasonTemplateConflict
+		} else if err != nil {
 			return denied(resp, http.StatusInternalServerError, "gpuslice webhook: the pod's claim template: "+err.Error()), ReasonInternalError
 		}
 	}
@@ -266,6 +268,8 @@ func reasonForCode(code int32) metav1.StatusReason {
 		return metav1.StatusReasonBadRequest
 	case http.StatusForbidden:
 		return metav1.StatusReasonForbidden
+	case http.StatusConflict:
+		return metav1.StatusReasonConflict
 	default:
 		return metav1.StatusReasonInternalError
 	}

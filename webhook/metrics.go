@@ -66,6 +66,10 @@ const (
 	// ReasonMalformedPod (denied, 400): request.object is missing or not a
 	// Pod, or the pod has no namespace.
 	ReasonMalformedPod AdmissionReason = "MalformedPod"
+	// ReasonTemplateConflict (denied, 409): a ResourceClaimTemplate holds
+	// the name of the pod's claim template but is not the one the webhook
+	// makes (Templates.Ensure, ErrTemplateConflict).
+	ReasonTemplateConflict AdmissionReason = "TemplateConflict"
 	// ReasonInternalError (denied, 500): the webhook could not decide or
 	// encode its answer.
 	ReasonInternalError AdmissionReason = "InternalError"
@@ -82,6 +86,7 @@ var admissionReasons = map[AdmissionReason]Decision{
 	ReasonInvalidGPURequest: DecisionDenied,
 	ReasonForgedAllocation:  DecisionDenied,
 	ReasonMalformedPod:      DecisionDenied,
+	ReasonTemplateConflict:  DecisionDenied,
 	ReasonInternalError:     DecisionDenied,
 }
 

@@ -81,6 +81,7 @@ func TestMetrics(t *testing.T) {
 		`gpuslice_webhook_admissions_total{decision="denied",reason="InvalidGPURequest"}`:  1,
 		`gpuslice_webhook_admissions_total{decision="denied",reason="ForgedAllocation"}`:   1,
 		`gpuslice_webhook_admissions_total{decision="denied",reason="MalformedPod"}`:       1,
+		`gpuslice_webhook_admissions_total{decision="denied",reason="TemplateConflict"}`:   0,
 		`gpuslice_webhook_admissions_total{decision="denied",reason="InternalError"}`:      0,
 		`gpuslice_webhook_admission_duration_seconds_count{decision="patched"}`:            2,
 		`gpuslice_webhook_admission_duration_seconds_count{decision="allowed"}`:            4,

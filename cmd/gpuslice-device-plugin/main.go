@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -161,11 +162,16 @@ func parseFlags(name string, args []string) (deviceplugin.Config, string, error)
 	return cfg, *kubeconfig, cfg.Validate()
 }
 
-// openBackend opens NVML, or fake GPUs when configured; with a faults
-// folder, the fake GPUs take faults from it until ctx ends. A bad fake spec
-// is a configuration error; anything else means the plugin cannot start.
+// openBackend opens NVML, or fake GPUs when configured, keeping the
+// records of GPUs that need a reset in the state folder. With a faults
+// folder, the fake GPUs keep their recovery actions there and take faults
+// from it until ctx ends. A bad fake spec or faults folder is a
+// configuration error; anything else means the plugin cannot start.
 func openBackend(ctx context.Context, cfg deviceplugin.Config, logger klog.Logger) (*nvidia.Backend, error) {
-	opts := nvidia.Options{CoolDown: cfg.HealthCoolDown.Duration, Logger: logger.WithName("nvml")}
+	opts := nvidia.Options{
+		CoolDown: cfg.HealthCoolDown.Duration, Logger: logger.WithName("nvml"),
+		FaultRecordDir: cfg.FaultRecordDir(), BootID: bootID(),
+	}
 	if cfg.FakeGPUs == "" {
 		return nvidia.Open(opts)
 	}
@@ -173,14 +179,18 @@ func openBackend(ctx context.Context, cfg deviceplugin.Config, logger klog.Logge
 	if err != nil {
 		return nil, vgpu.InvalidField("fakeGPUs", cfg.FakeGPUs, err.Error())
 	}
+	if dir := cfg.FakeGPUFaultsDir; dir != "" {
+		if _, err := os.ReadDir(dir); err != nil {
+			return nil, vgpu.InvalidField("fakeGPUFaultsDir", dir, "must be a folder that exists and can be read: "+err.Error())
+		}
+		if err := fake.KeepStateIn(dir); err != nil {
+			return nil, vgpu.InvalidField("fakeGPUFaultsDir", dir, err.Error())
+		}
+	}
 	opts.Library = fake
 	backend, err := nvidia.Open(opts)
 	if err != nil || cfg.FakeGPUFaultsDir == "" {
 		return backend, err
-	}
-	if _, err := os.ReadDir(cfg.FakeGPUFaultsDir); err != nil {
-		_ = backend.Close()
-		return nil, vgpu.InvalidField("fakeGPUFaultsDir", cfg.FakeGPUFaultsDir, "must be a folder that exists and can be read: "+err.Error())
 	}
 	go func() {
 		faultsCtx := klog.NewContext(ctx, logger.WithName("fake-faults"))
@@ -189,6 +199,19 @@ func openBackend(ctx context.Context, cfg deviceplugin.Config, logger klog.Logge
 		}
 	}()
 	return backend, nil
+}
+
+// bootIDFile holds the kernel's ID of the current boot (the host's, also
+// in a container).
+const bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// bootID returns the current boot's ID, or "" when it cannot be read.
+func bootID() string {
+	data, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
 }
 
 // cgroupRoot is where the node's cgroup file system is mounted.

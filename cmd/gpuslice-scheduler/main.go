@@ -108,6 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.StringVar(&cfg.HeartbeatNamespace, "heartbeat-namespace", cfg.HeartbeatNamespace, "namespace of the device plugins' heartbeat Leases")
 	fs.StringVar(&cfg.ResourceName, "resource-name", cfg.ResourceName, "extended resource the device plugins register")
 	fs.DurationVar(&cfg.BindTimeout.Duration, "bind-timeout", cfg.BindTimeout.Duration, "time allowed for one bind's API requests; keep below the extender httpTimeout")
+	fs.DurationVar(&cfg.BindOutcomeWait.Duration, "bind-outcome-wait", cfg.BindOutcomeWait.Duration, "how long a pod whose Binding had an unknown outcome keeps its GPUs while the API server shows it unbound; above kube-apiserver's --request-timeout")
 	fs.Func("kube-api-qps", fmt.Sprintf("API client requests per second (default %d)", extender.DefaultKubeAPIQPS), func(v string) error {
 		f, err := strconv.ParseFloat(v, 32)
 		cfg.KubeAPIQPS = float32(f)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
@@ -148,7 +149,7 @@ func writeSpec(dir, file string, spec *cdispecs.Spec, keep bool) (bool, error) {
 	if len(spec.Devices) != 1 {
 		return false, fmt.Errorf("CDI spec has %d devices, want 1", len(spec.Devices))
 	}
-	data, err := json.Marshal(spec)
+	data, err := encodeSpec(spec)
 	if err != nil {
 		return false, fmt.Errorf("encode CDI spec: %w", err)
 	}
@@ -168,6 +169,34 @@ func writeSpec(dir, file string, spec *cdispecs.Spec, keep bool) (bool, error) {
 		return nil
 	})
 	return err == nil, err
+}
+
+// encodeSpec returns spec as JSON that the CDI library reads as it is. The
+// library reads spec files as YAML, whose reader refuses characters JSON
+// leaves as they are (DEL, the C1 controls, U+FFFE, U+FFFF) and reads U+0085
+// (NEL) in a quoted string as a line break, folded to a space: those are
+// written as \u escapes, which both read as the character.
+func encodeSpec(spec *cdispecs.Spec) ([]byte, error) {
+	data, err := json.Marshal(spec)
+	if err != nil || !bytes.ContainsFunc(data, yamlUnsafe) {
+		return data, err
+	}
+	// These characters occur only inside strings, and data is UTF-8 (json.Marshal's output).
+	out := make([]byte, 0, len(data)+16)
+	for _, r := range string(data) {
+		if yamlUnsafe(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = utf8.AppendRune(out, r)
+		}
+	}
+	return out, nil
+}
+
+// yamlUnsafe reports whether a YAML reader refuses r, or reads it as a line
+// break, where JSON takes it as it is.
+func yamlUnsafe(r rune) bool {
+	return r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0xfffe || r == 0xffff
 }
 
 // SpecDevices returns the names of the devices the spec file at path

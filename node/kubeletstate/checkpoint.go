@@ -13,6 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // CheckpointFile is the device manager's checkpoint in the kubelet's
@@ -24,10 +27,12 @@ import (
 const CheckpointFile = "kubelet_internal_checkpoint"
 
 // Holder is the container the kubelet allocated a set of devices to: its
-// pod's UID, as the kubelet has it, and its name.
+// pod's UID, as the kubelet has it, its name, and the CDI devices of the
+// plugin's Allocate answer for it (Entry.CDIDevices).
 type Holder struct {
-	PodUID    string
-	Container string
+	PodUID     string
+	Container  string
+	CDIDevices []string
 }
 
 // ErrNoHolder means the checkpoint was read but gives the devices to no
@@ -44,6 +49,12 @@ type Entry struct {
 	// device under every NUMA node it is on, and devices without a
 	// topology under node -1.
 	DeviceIDs []string
+	// CDIDevices are the fully qualified names of the CDI devices in the
+	// plugin's Allocate answer for the container, in the answer's order:
+	// the kubelet keeps the answer and passes them to the runtime at every
+	// start of the container. Nil when the answer has none or does not
+	// decode (the entry is read all the same).
+	CDIDevices []string
 }
 
 // checkpoint is the part of the device manager's checkpoint an Entry comes
@@ -55,6 +66,9 @@ type checkpoint struct {
 			ContainerName string
 			ResourceName  string
 			DeviceIDs     map[string][]string
+			// AllocResp is the plugin's ContainerAllocateResponse in
+			// protobuf encoding (base64 in the JSON).
+			AllocResp []byte
 		}
 	}
 }
@@ -79,9 +93,24 @@ func Read(dir string) ([]Entry, error) {
 			ids = append(ids, onNode...)
 		}
 		slices.Sort(ids)
-		entries = append(entries, Entry{PodUID: e.PodUID, Container: e.ContainerName, Resource: e.ResourceName, DeviceIDs: slices.Compact(ids)})
+		entries = append(entries, Entry{PodUID: e.PodUID, Container: e.ContainerName, Resource: e.ResourceName, DeviceIDs: slices.Compact(ids), CDIDevices: cdiDevices(e.AllocResp)})
 	}
 	return entries, nil
+}
+
+// cdiDevices returns the names of the CDI devices of resp, a
+// ContainerAllocateResponse in protobuf encoding; nil when there are none
+// or it does not decode.
+func cdiDevices(resp []byte) []string {
+	var r pluginapi.ContainerAllocateResponse
+	if len(resp) == 0 || proto.Unmarshal(resp, &r) != nil {
+		return nil
+	}
+	var names []string
+	for _, d := range r.GetCdiDevices() {
+		names = append(names, d.GetName())
+	}
+	return names
 }
 
 // DeviceHolder returns the container that holds exactly ids (in any order)
@@ -96,7 +125,7 @@ func DeviceHolder(dir, resource string, ids []string) (Holder, error) {
 	var found []Holder
 	for _, e := range entries {
 		if e.Resource == resource && slices.Equal(e.DeviceIDs, want) {
-			found = append(found, Holder{PodUID: e.PodUID, Container: e.Container})
+			found = append(found, Holder{PodUID: e.PodUID, Container: e.Container, CDIDevices: e.CDIDevices})
 		}
 	}
 	if len(found) != 1 {

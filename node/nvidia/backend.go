@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -54,6 +55,18 @@ type Options struct {
 	// Logger logs what Open, GPUs and Close do; WatchHealth logs to the
 	// logger of its context when it has one. Default klog.Background().
 	Logger klog.Logger
+	// FaultRecordDir is the folder where the backend records each GPU that
+	// needs a reset (one file per GPU, faultrecord.go), so that a new
+	// Backend on the same folder (the plugin restarted) keeps the GPU out of
+	// service until NVML shows it was reset. An absolute path, created when
+	// the first record is written; empty keeps no records (the pending
+	// recovery action NVML reports at Open still counts).
+	FaultRecordDir string
+	// BootID identifies the node's current boot (the kernel's
+	// /proc/sys/kernel/random/boot_id): a record written under another boot
+	// is cleared, since a reboot resets every GPU. Empty: unknown, no record
+	// is cleared for it.
+	BootID string
 }
 
 // Validate reports the first field of o that is out of range. Zero values
@@ -64,6 +77,9 @@ func (o Options) Validate() error {
 	}
 	if o.EventWait < 0 || (o.EventWait > 0 && o.EventWait < time.Millisecond) || o.EventWait > maxEventWait {
 		return fmt.Errorf("option EventWait %v: must be 0 (default %v) or between 1ms and %v", o.EventWait, DefaultEventWait, maxEventWait)
+	}
+	if o.FaultRecordDir != "" && !filepath.IsAbs(o.FaultRecordDir) {
+		return fmt.Errorf("option FaultRecordDir %q: must be empty or an absolute path", o.FaultRecordDir)
 	}
 	return nil
 }
@@ -99,6 +115,9 @@ type Backend struct {
 	// hasNUMA says the loaded library exports nvmlDeviceGetNumaNodeId;
 	// calling a missing symbol would kill the process.
 	hasNUMA bool
+	// recordDir and bootID are Options.FaultRecordDir and Options.BootID.
+	recordDir string
+	bootID    string
 
 	// life guards closed: NVML calls outside WatchHealth hold it for
 	// reading, Close takes it for writing.
@@ -109,7 +128,7 @@ type Backend struct {
 	cancel   context.CancelFunc
 	watchers sync.WaitGroup
 
-	// mu guards known, faults and xids, shared by GPUs, Usage and
+	// mu guards known, faults, records and xids, shared by GPUs, Usage and
 	// WatchHealth.
 	mu sync.Mutex
 	// known is the last record GPUs read successfully, by NVML index.
@@ -118,12 +137,20 @@ type Backend struct {
 	faults map[string]fault
 	// xids counts the XIDs seen, by GPU UUID and XID (XIDCounts).
 	xids map[string]map[uint64]uint64
+	// records are the fault records in recordDir as last read or written,
+	// by GPU UUID (syncRecord).
+	records map[string]faultRecord
 }
 
 // fault is why a GPU is unhealthy.
 type fault struct {
 	// reason is the latest fault, as the health event says it.
 	reason string
+	// xid is the XID that asked for a reset; 0 for other faults, and for
+	// a recovery action found pending at Open without a record.
+	xid uint64
+	// since is when the GPU first needed a reset; zero for other faults.
+	since time.Time
 	// resetRequired says an XID whose action is a reset or a reboot
 	// (ResetRequired) hit the GPU: answering NVML is not enough to bring it
 	// back.
@@ -137,6 +164,12 @@ type fault struct {
 // Open starts NVML and returns a Backend over it. When Init fails, Open
 // returns at once without calling NVML again; the error wraps ErrNoDriver
 // when no driver is installed or loaded, and the nvml.Return in every case.
+//
+// Before it returns, Open holds out of service every GPU that needs a
+// reset: one for which NVML reports a recovery action pending, and one
+// recorded in Options.FaultRecordDir that NVML does not show reset since
+// (restoreFaults). GPUs reports them Unhealthy from the first call, and
+// WatchHealth probes them as it probes any GPU it left unhealthy.
 func Open(opts Options) (*Backend, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("NVML backend options: %w", err)
@@ -152,9 +185,12 @@ func Open(opts Options) (*Backend, error) {
 		eventWait: opts.EventWait,
 		clock:     opts.Clock,
 		logger:    opts.Logger,
+		recordDir: opts.FaultRecordDir,
+		bootID:    opts.BootID,
 		known:     map[int]vgpu.GPU{},
 		faults:    map[string]fault{},
 		xids:      map[string]map[uint64]uint64{},
+		records:   map[string]faultRecord{},
 	}
 	b.closing, b.cancel = context.WithCancel(context.Background())
 	if ext := opts.Library.Extensions(); ext != nil {
@@ -169,6 +205,7 @@ func Open(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.logger.Info("NVML started", "gpus", n, "numaQuery", b.hasNUMA)
+	b.restoreFaults(n)
 	return b, nil
 }
 

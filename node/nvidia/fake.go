@@ -52,8 +52,11 @@ type Fake struct {
 	// noEvents marks GPUs that report no event support.
 	noEvents []bool
 	// recovery is each GPU's NVML recovery action, set by the XIDs that
-	// need a reset or a reboot and cleared by ResetGPU.
+	// need a reset or a reboot and cleared by ResetGPU (setRecovery).
 	recovery []nvml.DeviceGpuRecoveryAction
+	// stateDir is the folder of FakeStateFile (KeepStateIn); empty keeps
+	// the recovery actions in memory only.
+	stateDir string
 	// noRecovery marks GPUs whose driver cannot report the recovery action.
 	noRecovery []bool
 	sets       map[*fakeEventSet]struct{}
@@ -115,8 +118,10 @@ func NoDriver() nvml.Interface {
 // registered for XIDs on it, as the driver would. An XID that needs a GPU
 // reset or a reboot (ClassifyXID: ResetRequired) first sets the GPU's
 // recovery action, as the driver does, until ResetGPU; the XID is then
-// recorded even when nobody watches. It returns ErrNotWatched when no set
-// listens (the event is dropped), and an error for an index out of range.
+// recorded even when nobody watches (and kept in the state file under
+// KeepStateIn). It returns ErrNotWatched when no set listens (the event is
+// dropped), and an error for an index out of range or a state file that
+// cannot be written.
 func (f *Fake) InjectXID(index int, xid uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -124,9 +129,12 @@ func (f *Fake) InjectXID(index int, xid uint64) error {
 		return err
 	}
 	if class := ClassifyXID(xid); class.Kind == ResetRequired {
-		f.recovery[index] = nvml.GPU_RECOVERY_ACTION_GPU_RESET
+		action := nvml.GPU_RECOVERY_ACTION_GPU_RESET
 		if class.Reboot {
-			f.recovery[index] = nvml.GPU_RECOVERY_ACTION_NODE_REBOOT
+			action = nvml.GPU_RECOVERY_ACTION_NODE_REBOOT
+		}
+		if err := f.setRecovery(index, action); err != nil {
+			return err
 		}
 	}
 	e := nvml.EventData{
@@ -178,7 +186,8 @@ func (f *Fake) SetLost(index int, lost bool) error {
 }
 
 // ResetGPU resets the GPU at index, as nvidia-smi --gpu-reset or a reboot
-// would: it answers NVML again and its recovery action is none.
+// would: it answers NVML again and its recovery action is none (in the
+// state file too, under KeepStateIn).
 func (f *Fake) ResetGPU(index int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -186,8 +195,7 @@ func (f *Fake) ResetGPU(index int) error {
 		return err
 	}
 	f.lost[index] = false
-	f.recovery[index] = nvml.GPU_RECOVERY_ACTION_NONE
-	return nil
+	return f.setRecovery(index, nvml.GPU_RECOVERY_ACTION_NONE)
 }
 
 // RecoveryAction returns the recovery action NVML reports for the GPU at

@@ -2,6 +2,9 @@ package nvidia
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -104,5 +107,53 @@ func TestFakeEventSet(t *testing.T) {
 	}
 	if diff := cmp.Diff(false, f.Watched(0)); diff != "" {
 		t.Errorf("Watched after Free (-want +got):\n%s", diff)
+	}
+}
+
+// TestFakeKeepStateIn: recovery actions kept in a folder reach a new Fake
+// only for the same GPUs (index and UUID); a damaged file is an error
+// naming it.
+func TestFakeKeepStateIn(t *testing.T) {
+	dir := t.TempDir()
+	f, err := NewFake("2xA100-80GB", testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.KeepStateIn(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.InjectXID(1, 79); !errors.Is(err, ErrNotWatched) {
+		t.Fatalf("InjectXID = %v, want ErrNotWatched", err)
+	}
+	actions := func(node string) []nvml.DeviceGpuRecoveryAction {
+		t.Helper()
+		g, err := NewFake("2xA100-80GB", node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.KeepStateIn(dir); err != nil {
+			t.Fatal(err)
+		}
+		return []nvml.DeviceGpuRecoveryAction{g.RecoveryAction(0), g.RecoveryAction(1)}
+	}
+	none, reboot := nvml.GPU_RECOVERY_ACTION_NONE, nvml.GPU_RECOVERY_ACTION_NODE_REBOOT
+	if diff := cmp.Diff([]nvml.DeviceGpuRecoveryAction{none, reboot}, actions(testNode)); diff != "" {
+		t.Errorf("actions of the same GPUs (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]nvml.DeviceGpuRecoveryAction{none, none}, actions("node-b")); diff != "" {
+		t.Errorf("actions of other GPUs (-want +got):\n%s", diff)
+	}
+	if err := f.ResetGPU(1); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]nvml.DeviceGpuRecoveryAction{none, none}, actions(testNode)); diff != "" {
+		t.Errorf("actions after the reset (-want +got):\n%s", diff)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, FakeStateFile), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.KeepStateIn(dir); err == nil || !strings.Contains(err.Error(), FakeStateFile) {
+		t.Errorf("KeepStateIn on a damaged file = %v, want an error naming %s", err, FakeStateFile)
 	}
 }

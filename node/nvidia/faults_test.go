@@ -156,3 +156,66 @@ func TestWriteFakeFaultValidates(t *testing.T) {
 		t.Errorf("invalid faults left %d files", len(entries))
 	}
 }
+
+// TestFaultFolderResetSurvivesRestart: fake GPUs that keep their state in
+// the faults folder model a pending reset across a plugin restart: after a
+// needs-reset XID from a fault file, new fake GPUs on the same folder (the
+// restarted plugin's) still report the reset pending, so the new Backend
+// holds the GPU unhealthy from its first listing; a reset fault file clears
+// it for good.
+func TestFaultFolderResetSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	keep := func(fake *Fake) {
+		t.Helper()
+		if err := fake.KeepStateIn(dir); err != nil {
+			t.Fatalf("KeepStateIn: %v", err)
+		}
+	}
+	f := newFixtureWith(t, "2xA100-80GB", func(fake *Fake, _ *Options) { keep(fake) })
+	events, stop := f.watchReady(0, 1)
+	ctx, stopFaults := context.WithCancel(f.ctx)
+	clk := serveFaults(ctx, t, f.fake, dir)
+	writeFault(t, dir, FakeFault{GPU: 1, XID: 48})
+	scanAgain(t, clk)
+	if ev := next(t, events); ev.Health != vgpu.Unhealthy {
+		t.Fatalf("event %+v, want Unhealthy", ev)
+	}
+	stopFaults()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	f.restart(func() *Fake {
+		fake, err := NewFake("2xA100-80GB", testNode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keep(fake)
+		return fake
+	}, nil)
+	if got := f.fake.RecoveryAction(1); got != nvml.GPU_RECOVERY_ACTION_GPU_RESET {
+		t.Errorf("recovery action after the restart = %v, want GPU_RESET", got)
+	}
+	if diff := cmp.Diff([]vgpu.Health{vgpu.Healthy, vgpu.Unhealthy}, f.health()); diff != "" {
+		t.Fatalf("GPUs health after the restart (-want +got):\n%s", diff)
+	}
+	events, _ = f.watchReady(0, 1)
+	clk = serveFaults(f.ctx, t, f.fake, dir)
+	reset := writeFault(t, dir, FakeFault{GPU: 1, Reset: true})
+	scanAgain(t, clk)
+	waitFor(t, "reset file applied", func() bool { return gone(reset) })
+	waitFor(t, "probe scheduled", f.clock.HasWaiters)
+	f.clock.Step(testCoolDown)
+	if ev := next(t, events); ev.UUID != FakeUUID(testNode, 1) || ev.Health != vgpu.Healthy {
+		t.Errorf("event %+v, want GPU 1 Healthy after the reset", ev)
+	}
+
+	again, err := NewFake("2xA100-80GB", testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep(again)
+	if got := again.RecoveryAction(1); got != nvml.GPU_RECOVERY_ACTION_NONE {
+		t.Errorf("recovery action kept after the reset = %v, want NONE", got)
+	}
+}

@@ -26,8 +26,11 @@ import (
 // otherwise it is probed again after another CoolDown. A reset-required GPU
 // must also show that it was reset: NVML's GPU recovery action
 // (nvml.FI_DEV_GET_GPU_RECOVERY_ACTION, read at the fault and at each
-// probe) must have been seen pending and then read "none". Where NVML
-// cannot report it, the GPU stays unhealthy until the plugin starts again.
+// probe) must have been seen pending and then read "none". Such a fault is
+// recorded in Options.FaultRecordDir until then, so that it outlives the
+// Backend (Open). Where NVML cannot report the action, the GPU stays
+// unhealthy until the node reboots, or, without records, until the plugin
+// starts again.
 // A further fault while unhealthy restarts the CoolDown. GPUs that cannot
 // report events, or whose registration for them fails while they answer
 // NVML, are logged and left healthy.
@@ -294,7 +297,7 @@ func (w *watcher) onEvent(e nvml.EventData) {
 	}
 	if class.Kind == ResetRequired {
 		w.logger.Info("XID needs a GPU reset or a reboot; GPU unhealthy until NVML shows it was reset", "gpu", uuid, "xid", xid, "description", class.Description, "action", class.Action)
-		w.markFault(d, reason+" (needs "+resetWord(class)+")", true)
+		w.markFault(d, reason+" (needs "+resetWord(class)+")", xid)
 		return
 	}
 	w.logger.Info("Device-fault XID; GPU unhealthy until it answers a probe", "gpu", uuid, "xid", xid, "description", class.Description, "coolDown", w.b.coolDown)
@@ -339,23 +342,32 @@ func (w *watcher) markAll(reason string) {
 
 // markUnhealthy records a recoverable fault on d (markFault).
 func (w *watcher) markUnhealthy(d *watchedDevice, reason string) {
-	w.markFault(d, reason, false)
+	w.markFault(d, reason, 0)
 }
 
 // markFault records a fault on d, sends an event if d was healthy, and
-// (re)starts its CoolDown. A reset-required fault stays so until the probe
-// sees the reset, whatever comes after it; its GPU's recovery action is
-// read at once, as the driver sets it with the XID.
-func (w *watcher) markFault(d *watchedDevice, reason string, resetRequired bool) {
+// (re)starts its CoolDown. resetXID, when not 0, is the XID of a fault
+// that needs a reset: such a fault stays so until the probe sees the
+// reset, whatever comes after it; its GPU's recovery action is read at
+// once, as the driver sets it with the XID, and the fault is recorded
+// (syncRecord).
+func (w *watcher) markFault(d *watchedDevice, reason string, resetXID uint64) {
 	w.b.mu.Lock()
 	old, wasFaulty := w.b.faults[d.uuid]
-	f := fault{reason: reason, resetRequired: resetRequired || old.resetRequired, downSeen: old.downSeen && old.resetRequired}
+	f := fault{reason: reason, resetRequired: resetXID != 0 || old.resetRequired, downSeen: old.downSeen && old.resetRequired}
+	switch {
+	case old.resetRequired:
+		f.xid, f.since = old.xid, old.since
+	case resetXID != 0:
+		f.xid, f.since = resetXID, w.b.clock.Now()
+	}
 	w.b.faults[d.uuid] = f
 	w.b.mu.Unlock()
 	if f.resetRequired && d.handle != nil {
 		// A driver without the field is told apart at the probe.
 		_, _ = w.readRecoveryAction(d, d.handle)
 	}
+	w.b.syncRecord(d.uuid)
 	// Schedule before sending, so that a receiver of the event finds the
 	// probe timer already set on the clock.
 	w.schedule(d)
@@ -369,6 +381,7 @@ func (w *watcher) markFault(d *watchedDevice, reason string, resetRequired bool)
 func (w *watcher) probeDevice(d *watchedDevice) {
 	err := w.probe(d)
 	if err != nil {
+		w.b.syncRecord(d.uuid) // the probe may have seen the GPU down
 		w.logger.Info("GPU still unhealthy; probing again after the cool-down", "gpu", d.uuid, "err", err, "coolDown", w.b.coolDown)
 		w.schedule(d)
 		return
@@ -378,6 +391,7 @@ func (w *watcher) probeDevice(d *watchedDevice) {
 	f := w.b.faults[d.uuid]
 	delete(w.b.faults, d.uuid)
 	w.b.mu.Unlock()
+	w.b.syncRecord(d.uuid)
 	how := "GPU answers NVML again after "
 	if f.resetRequired {
 		how = "GPU was reset after "

@@ -25,9 +25,18 @@ type fixture struct {
 	fake  *Fake
 	clock *testingclock.FakeClock
 	b     *Backend
+	// opts are the Options b was opened with.
+	opts Options
 }
 
 func newFixture(t *testing.T, spec string) *fixture {
+	t.Helper()
+	return newFixtureWith(t, spec, nil)
+}
+
+// newFixtureWith is newFixture with the backend's Options changed by
+// mutate (nil: none), before Open.
+func newFixtureWith(t *testing.T, spec string, mutate func(*Fake, *Options)) *fixture {
 	t.Helper()
 	logger, ctx := ktesting.NewTestContext(t)
 	fake, err := NewFake(spec, testNode)
@@ -35,16 +44,48 @@ func newFixture(t *testing.T, spec string) *fixture {
 		t.Fatalf("NewFake(%q): %v", spec, err)
 	}
 	clk := testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	b, err := Open(Options{Library: fake, CoolDown: testCoolDown, EventWait: 5 * time.Millisecond, Clock: clk, Logger: logger})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
+	f := &fixture{t: t, ctx: ctx, fake: fake, clock: clk}
+	f.opts = Options{Library: fake, CoolDown: testCoolDown, EventWait: 5 * time.Millisecond, Clock: clk, Logger: logger}
+	if mutate != nil {
+		mutate(fake, &f.opts)
 	}
-	t.Cleanup(func() {
+	f.b = f.open(f.opts)
+	return f
+}
+
+// open opens a Backend with opts, closed when the test ends.
+func (f *fixture) open(opts Options) *Backend {
+	f.t.Helper()
+	b, err := Open(opts)
+	if err != nil {
+		f.t.Fatalf("Open: %v", err)
+	}
+	f.t.Cleanup(func() {
 		if err := b.Close(); err != nil {
-			t.Errorf("Close: %v", err)
+			f.t.Errorf("Close: %v", err)
 		}
 	})
-	return &fixture{t: t, ctx: ctx, fake: fake, clock: clk, b: b}
+	return b
+}
+
+// restart replaces the backend with a new one, as a restarted plugin
+// opens it: over fake GPUs made by newFake (nil: the same ones, as real
+// GPUs stay while the plugin restarts), with f.opts changed by mutate
+// (nil: none). The old backend is closed; stop its watchers first.
+func (f *fixture) restart(newFake func() *Fake, mutate func(*Options)) {
+	f.t.Helper()
+	if err := f.b.Close(); err != nil {
+		f.t.Fatalf("Close: %v", err)
+	}
+	if newFake != nil {
+		f.fake = newFake()
+		f.opts.Library = f.fake
+	}
+	opts := f.opts
+	if mutate != nil {
+		mutate(&opts)
+	}
+	f.b = f.open(opts)
 }
 
 // watch runs WatchHealth until the returned stop is called or the test ends;

@@ -9,7 +9,7 @@ import (
 )
 
 // errResetNotReported means NVML cannot say whether a GPU was reset.
-var errResetNotReported = errors.New("NVML does not report the GPU's recovery action on this driver: restart the plugin once the GPU was reset")
+var errResetNotReported = errors.New("NVML does not report the GPU's recovery action on this driver")
 
 // checkReset returns nil when d may turn healthy as far as resets go: its
 // fault does not need one, or the GPU went down since the fault (NVML
@@ -25,7 +25,7 @@ func (w *watcher) checkReset(d *watchedDevice, dev nvml.Device) error {
 	action, err := w.readRecoveryAction(d, dev)
 	switch {
 	case err != nil:
-		return fmt.Errorf("GPU %d needs a reset (%s): %w", d.index, f.reason, err)
+		return fmt.Errorf("GPU %d needs a reset (%s): %w: %s", d.index, f.reason, err, w.b.manualReset(d.uuid))
 	case action != nvml.GPU_RECOVERY_ACTION_NONE:
 		return fmt.Errorf("GPU %d needs a reset (%s): NVML reports recovery action %s pending", d.index, f.reason, recoveryActionName(action))
 	}
@@ -33,7 +33,7 @@ func (w *watcher) checkReset(d *watchedDevice, dev nvml.Device) error {
 	down := w.b.faults[d.uuid].downSeen
 	w.b.mu.Unlock()
 	if !down {
-		return fmt.Errorf("GPU %d needs a reset (%s): NVML has neither reported one pending nor lost the GPU since the fault, so nothing shows that it was reset; restart the plugin once it was", d.index, f.reason)
+		return fmt.Errorf("GPU %d needs a reset (%s): NVML has neither reported one pending nor lost the GPU since the fault, so nothing shows that it was reset; %s", d.index, f.reason, w.b.manualReset(d.uuid))
 	}
 	return nil
 }

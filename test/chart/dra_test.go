@@ -271,7 +271,7 @@ func TestDRAPluginRBAC(t *testing.T) {
 		want                            bool
 	}
 	grants := []grant{
-		{webhookUser, "ml", "create", "resourceclaimtemplates", true}, {webhookUser, "ml", "get", "resourceclaimtemplates", false}, {webhookUser, "ml", "update", "resourceclaimtemplates", false},
+		{webhookUser, "ml", "create", "resourceclaimtemplates", true}, {webhookUser, "ml", "get", "resourceclaimtemplates", true}, {webhookUser, "ml", "update", "resourceclaimtemplates", false},
 		{webhookUser, "ml", "delete", "resourceclaimtemplates", false}, {webhookUser, "ml", "create", "resourceclaims", false},
 		{extenderUser, "", "list", "resourceslices", true}, {extenderUser, "", "watch", "resourceslices", true},
 		{extenderUser, "ml", "list", "resourceclaims", true}, {extenderUser, "ml", "watch", "resourceclaims", true},

@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -24,13 +25,22 @@ import (
 // pluginAccount is the device plugin's ServiceAccount as the chart names it.
 const pluginAccount = releaseName + "-device-plugin"
 
-// nodePolicyEnv is a real API server with the chart's device-plugin RBAC and node policy, two
-// Nodes, the kubelet Lease of node-a, and the device plugin's pod on node-a.
+// Two Nodes whose names are the longest allowed (253 characters) and share their first 228
+// characters, the most of a name a shortened heartbeat Lease name keeps
+// (vgpu.HeartbeatLeaseNodePrefix).
+var (
+	longNodeA = strings.Repeat("l", vgpu.HeartbeatLeaseNodePrefix) + "-" + strings.Repeat("a", 24)
+	longNodeB = strings.Repeat("l", vgpu.HeartbeatLeaseNodePrefix) + "-" + strings.Repeat("b", 24)
+)
+
+// nodePolicyEnv is a real API server with the chart's device-plugin RBAC and node policy, the
+// Nodes node-a, node-b, longNodeA and longNodeB, the kubelet Lease of node-a, and the device
+// plugin's pods on node-a and longNodeA.
 type nodePolicyEnv struct {
 	admin kubernetes.Interface
-	// onNodeA is the plugin pod's own pod-bound token (node-name claim node-a); unbound is a
-	// token of the same ServiceAccount bound to no pod.
-	onNodeA, unbound kubernetes.Interface
+	// onNodeA is the plugin pod's own pod-bound token (node-name claim node-a); onLongNodeA that
+	// of the pod on longNodeA; unbound is a token of the same ServiceAccount bound to no pod.
+	onNodeA, onLongNodeA, unbound kubernetes.Interface
 }
 
 func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
@@ -71,21 +81,26 @@ func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
 	must("create the node policy", err)
 	_, err = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, policyBinding, metav1.CreateOptions{})
 	must("create the node policy's binding", err)
-	for _, n := range []string{"node-a", "node-b"} {
+	for _, n := range []string{"node-a", "node-b", longNodeA, longNodeB} {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"topology.kubernetes.io/zone": "z1"}}}
 		_, err = e.admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 		must("create Node "+n, err)
 	}
 	_, err = e.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
 	must("create the kubelet's Lease of node-a", err)
-	pod, err := e.admin.CoreV1().Pods(releaseNamespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "device-plugin-a", Namespace: releaseNamespace},
-		Spec: corev1.PodSpec{
-			ServiceAccountName: pluginAccount, NodeName: "node-a",
-			Containers: []corev1.Container{{Name: "plugin", Image: "registry.k8s.io/pause:3.10"}},
-		},
-	}, metav1.CreateOptions{})
-	must("create the plugin's pod on node-a", err)
+	pluginPod := func(name, node string) *corev1.Pod {
+		t.Helper()
+		pod, err := e.admin.CoreV1().Pods(releaseNamespace).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: releaseNamespace},
+			Spec: corev1.PodSpec{
+				ServiceAccountName: pluginAccount, NodeName: node,
+				Containers: []corev1.Container{{Name: "plugin", Image: "registry.k8s.io/pause:3.10"}},
+			},
+		}, metav1.CreateOptions{})
+		must("create the plugin's pod "+name, err)
+		return pod
+	}
+	pod, longPod := pluginPod("device-plugin-a", "node-a"), pluginPod("device-plugin-long-a", longNodeA)
 	client := func(bound *authenticationv1.BoundObjectReference) kubernetes.Interface {
 		tr, err := e.admin.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(ctx, pluginAccount,
 			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound}}, metav1.CreateOptions{})
@@ -95,6 +110,7 @@ func startNodePolicyEnv(t *testing.T, h helm) *nodePolicyEnv {
 		return kubernetes.NewForConfigOrDie(cfg)
 	}
 	e.onNodeA = client(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	e.onLongNodeA = client(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: longPod.Name, UID: longPod.UID})
 	e.unbound = client(nil)
 
 	// The API server loads the policy from its informer: wait until it denies.
@@ -125,8 +141,11 @@ var registeredPatch = `{"status":{"conditions":[{"type":"` + string(vgpu.Conditi
 
 // TestDevicePluginNodePolicy checks, with the real API server, the RBAC authorizer and the
 // chart's ValidatingAdmissionPolicy, what a token of node-a's plugin pod may do: its own Node's
-// hami.io/* labels and annotations, its GPUSliceRegistered condition and its own heartbeat Lease, and nothing of node-b, of the
-// kubelet's Lease or of any other label; a token bound to no pod may change nothing.
+// hami.io/* labels and annotations, its GPUSliceRegistered condition and its own heartbeat
+// Lease, and nothing of node-b, of the kubelet's Lease, of any other label or of its Node's
+// finalizers and ownerReferences; a token bound to no pod may change nothing. The plugin of a
+// node with a 253-character name may write its shortened heartbeat Lease, but not one that
+// another node's agent holds.
 func TestDevicePluginNodePolicy(t *testing.T) {
 	h := requireHelm(t)
 	e := startNodePolicyEnv(t, h)
@@ -147,11 +166,52 @@ func TestDevicePluginNodePolicy(t *testing.T) {
 		_, err = e.onNodeA.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, l, metav1.UpdateOptions{})
 		return err
 	}
+	// heartbeat writes the Lease name held by holder as c: created when it does not exist,
+	// else updated.
+	heartbeat := func(c kubernetes.Interface, name, holder string) error {
+		leases := c.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+		l, err := e.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder}}, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		l.Spec.HolderIdentity = &holder
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	}
+	longLease, longHolder := vgpu.HeartbeatLeaseName(longNodeA), "gpuslice-device-plugin/"+longNodeA
+	// longNodeB's agent holds its Lease, whose name longNodeA's agent can compute.
+	if err := heartbeat(e.admin, vgpu.HeartbeatLeaseName(longNodeB), "gpuslice-device-plugin/"+longNodeB); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		do       func() error
 		wantDeny string // "" means allowed
 	}{
+		{"own Node: finalizers", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"finalizers":["example.com/keep"]}}`)
+		}, "may change only the hami.io/* labels and annotations of its Node"},
+		{"own Node: ownerReferences", func() error {
+			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"x","uid":"0b7c5f5e-1c1a-4f0e-9a57-3d7c1f0f6a11"}]}}`)
+		}, "may change only the hami.io/* labels and annotations of its Node"},
+		{"long node name: own ready label", func() error {
+			return patchNode(ctx, e.onLongNodeA, longNodeA, `{"metadata":{"labels":{"`+vgpu.LabelGPUReady+`":"true"}}}`)
+		}, ""},
+		{"long node name: own heartbeat Lease: create", func() error { return heartbeat(e.onLongNodeA, longLease, longHolder) }, ""},
+		{"long node name: own heartbeat Lease: update", func() error { return heartbeat(e.onLongNodeA, longLease, longHolder) }, ""},
+		{"long node name: own heartbeat Lease given to another holder", func() error {
+			return heartbeat(e.onLongNodeA, longLease, "gpuslice-device-plugin/"+longNodeB)
+		}, "held by its agent, not kube-node-lease/" + longLease},
+		{"long node name: the Lease another node's agent holds", func() error {
+			return heartbeat(e.onLongNodeA, vgpu.HeartbeatLeaseName(longNodeB), longHolder)
+		}, "held by its agent, not kube-node-lease/" + vgpu.HeartbeatLeaseName(longNodeB)},
+		{"long node name: its prefix without the hash", func() error {
+			return heartbeat(e.onLongNodeA, longLease[:237]+"not-a-sha256-hex", longHolder)
+		}, "may write only its own heartbeat Lease gpuslice-" + longNodeA[:vgpu.HeartbeatLeaseNodePrefix] + "<16 hex digits of the SHA-256 of " + longNodeA + ">"},
 		{"own Node: inventory annotation", func() error {
 			return patchNode(ctx, e.onNodeA, "node-a", `{"metadata":{"annotations":{"`+vgpu.AnnotationNodeInventory+`":"{}"}}}`)
 		}, ""},

@@ -47,7 +47,12 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.waitExtenderReady(ctx, p, "gpuslice extender /readyz (from the chart)"); err != nil {
+	pair := schedulerPair(0, 1)
+	pair.ExtenderPort = r.extenderAPI
+	c.mu.Lock()
+	c.State.Schedulers = []SchedulerPair{pair}
+	c.mu.Unlock()
+	if err := c.waitExtenderReady(ctx, p, pair.ExtenderURL(), "gpuslice extender /readyz (from the chart)"); err != nil {
 		return err
 	}
 
@@ -62,7 +67,7 @@ func (c *Cluster) startChartControlPlane(ctx context.Context) error {
 			}
 		}
 	}
-	if err := c.startKubeScheduler(ctx, ks.path, ks.args, ks.env); err != nil {
+	if err := c.startKubeScheduler(ctx, KubeSchedulerName, ks.path, ks.args, ks.env); err != nil {
 		return err
 	}
 

@@ -49,6 +49,19 @@ type Options struct {
 	// clientConnection.kubeconfig and the urlPrefix of each of its extenders to the cluster's
 	// own, and changes nothing else. Ignored with Chart.
 	SchedulerConfig string
+	// Schedulers, above 1, runs that many kube-scheduler and extender pairs (SchedulerPair), as
+	// the chart's scheduler Deployment does with replicas: kube-scheduler runs leader election
+	// (LeaderElection) and the extender follows its Lease. 0 or 1: one pair without leader
+	// election. Ignored with Chart.
+	Schedulers int
+	// LeaderElection is kube-scheduler's leader-election timing with several Schedulers.
+	LeaderElection LeaderElection
+	// Audit has the API server log every request but reads (get, list, watch) at level Metadata
+	// to AuditLogPath (AuditWrites reads it).
+	Audit bool
+	// APIProxy puts an APIProxy, run in this process, between every extender and the API server,
+	// which can hold the extenders' writes (Cluster.APIProxy). Ignored with Chart.
+	APIProxy bool
 	// Chart, when set, installs gpuslice with helm and runs the components as the chart's
 	// Deployments and DaemonSets say (see ChartOptions) instead of with the flags above.
 	Chart *ChartOptions
@@ -84,13 +97,17 @@ type State struct {
 	WebhookPath   string `json:"webhookPath"`
 	// Kubeconfig is the admin kubeconfig's path.
 	Kubeconfig string `json:"kubeconfig"`
-	// Token is the admin bearer token; CAData the API server's PEM certificate.
-	Token  string `json:"token"`
-	CAData []byte `json:"caData"`
+	// Token is the admin bearer token; CAData the API server's PEM certificate. Tokens are the
+	// bearer tokens of the scheduler pairs' users (SchedulerPair), by user.
+	Token  string            `json:"token"`
+	Tokens map[string]string `json:"tokens,omitempty"`
+	CAData []byte            `json:"caData"`
 	// EtcdPort and APIServerPort are the loopback ports of etcd's client URL and the API server.
 	EtcdPort      int `json:"etcdPort"`
 	APIServerPort int `json:"apiServerPort"`
-	// ExtenderPort is the extender's plain-HTTP loopback port; WebhookPort the webhook's HTTPS
+	// Schedulers are the kube-scheduler and extender pairs, pair 0 first.
+	Schedulers []SchedulerPair `json:"schedulers,omitempty"`
+	// ExtenderPort is the (first pair's) extender's plain-HTTP loopback port; WebhookPort the webhook's HTTPS
 	// port, whose self-signed serving certificate (also its CA) is WebhookCA.
 	ExtenderPort int    `json:"extenderPort"`
 	WebhookPort  int    `json:"webhookPort"`
@@ -123,6 +140,7 @@ type Cluster struct {
 	stopWithParent bool
 	client         kubernetes.Interface
 	chart          *chartRelease // nil unless started with Options.Chart
+	proxy          *APIProxy     // nil unless started with Options.APIProxy
 }
 
 // Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
@@ -196,7 +214,7 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 	if err := c.startEtcd(ctx); err != nil {
 		return err
 	}
-	if err := c.startAPIServer(ctx); err != nil {
+	if err := c.startAPIServer(ctx, schedulerUsers(opts.Schedulers), opts.Audit); err != nil {
 		return err
 	}
 	client, err := kubernetes.NewForConfig(c.RESTConfig())
@@ -226,14 +244,15 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 		extenderArgs = append(slices.Clone(extenderArgs), "--dra")
 		webhookArgs = append(slices.Clone(webhookArgs), "--dra-score")
 	}
-	extenderPort, err := c.startExtender(ctx, extenderArgs)
-	if err != nil {
-		return err
+	if opts.APIProxy {
+		if c.proxy, err = startAPIProxy(c.RESTConfig()); err != nil {
+			return err
+		}
 	}
 	if err := c.startWebhook(ctx, webhookArgs); err != nil {
 		return err
 	}
-	if err := c.startScheduler(ctx, extenderPort, opts.SchedulerConfig, opts.DRAScore); err != nil {
+	if err := c.startSchedulers(ctx, opts, extenderArgs); err != nil {
 		return err
 	}
 	if opts.ControllerManager {
@@ -344,7 +363,11 @@ func (c *Cluster) Stop() error {
 	c.mu.Lock()
 	st := c.State
 	c.mu.Unlock()
-	return stopState(st)
+	err := stopState(st)
+	if c.proxy != nil {
+		c.proxy.Close()
+	}
+	return err
 }
 
 // stopState stops st's processes in reverse order and removes st.Dir.

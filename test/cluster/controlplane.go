@@ -65,9 +65,19 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	})
 }
 
-// startAPIServer writes the credentials, starts kube-apiserver on a free port, waits for /readyz
-// and the default namespace, and writes the admin kubeconfig.
-func (c *Cluster) startAPIServer(ctx context.Context) error {
+// newToken returns a random bearer token.
+func newToken() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate a token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// startAPIServer writes the credentials (the admin's and a token for each of users), starts
+// kube-apiserver on a free port (with audit, its audit log at AuditLogPath), waits for /readyz and
+// the default namespace, and writes the admin kubeconfig.
+func (c *Cluster) startAPIServer(ctx context.Context, users []string, audit bool) error {
 	dir := filepath.Join(c.State.Dir, "kube-apiserver")
 	pki := filepath.Join(dir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
@@ -81,19 +91,17 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	if err := os.WriteFile(saKey, key, 0o600); err != nil {
 		return fmt.Errorf("write service account key: %w", err)
 	}
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		return fmt.Errorf("generate admin token: %w", err)
+	if c.State.Token, err = newToken(); err != nil {
+		return err
 	}
-	c.State.Token = hex.EncodeToString(b)
 	tokenFile := filepath.Join(pki, "tokens.csv")
-	if err := os.WriteFile(tokenFile, []byte(fmt.Sprintf("%s,%s,%s,system:masters\n", c.State.Token, adminUser, adminUser)), 0o600); err != nil {
-		return fmt.Errorf("write token file: %w", err)
+	if err := c.writeTokens(tokenFile, users); err != nil {
+		return err
 	}
 	if c.State.APIServerPort, err = freePort(); err != nil {
 		return err
 	}
-	p, err := c.start("kube-apiserver", "kube-apiserver", []string{
+	args := []string{
 		"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(c.State.EtcdPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -112,7 +120,15 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// Resolve webhook Services through their endpoints: there is no kube-proxy to route a
 		// ClusterIP (the chart's webhook is a Service).
 		"--enable-aggregator-routing=true",
-	}, dir)
+	}
+	if audit {
+		policy := filepath.Join(dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return fmt.Errorf("write audit policy: %w", err)
+		}
+		args = append(args, "--audit-policy-file="+policy, "--audit-log-path="+c.AuditLogPath(), "--audit-log-format=json", "--audit-log-mode=blocking")
+	}
+	p, err := c.start("kube-apiserver", "kube-apiserver", args, dir)
 	if err != nil {
 		return err
 	}
@@ -158,18 +174,20 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	return c.writeKubeconfig(c.State.Kubeconfig)
 }
 
-// startScheduler starts kube-scheduler with the stock and gpuslice profiles, the latter calling the
-// extender on extenderPort (and its DRA scoring with draScore, Options.DRAScore), and waits for its
-// /healthz. A non-empty config replaces the profiles (Options.SchedulerConfig).
-func (c *Cluster) startScheduler(ctx context.Context, extenderPort int, config string, draScore bool) error {
-	dir := filepath.Join(c.State.Dir, "kube-scheduler")
+// startScheduler starts pair's kube-scheduler with the stock and gpuslice profiles, the latter
+// calling the pair's extender (and its DRA scoring with draScore, Options.DRAScore), authenticated
+// by kubeconfig, and waits for its /healthz. A non-empty config replaces the profiles
+// (Options.SchedulerConfig). With leader, it runs leader election on the Lease
+// LeaderLeaseNamespace/LeaderLeaseName with those durations, under the pair's host name.
+func (c *Cluster) startScheduler(ctx context.Context, pair SchedulerPair, kubeconfig, config string, draScore bool, leader *LeaderElection) error {
+	dir := filepath.Join(c.State.Dir, pair.KubeScheduler)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("create scheduler folder: %w", err)
 	}
-	doc := schedulerConfig(c.State.Kubeconfig, extenderPort, draScore)
+	doc := schedulerConfig(kubeconfig, pair.ExtenderPort, draScore, leader)
 	if config != "" {
 		var err error
-		if doc, err = pointSchedulerConfig(config, c.State.Kubeconfig, extenderPort); err != nil {
+		if doc, err = pointSchedulerConfig(config, kubeconfig, pair.ExtenderPort); err != nil {
 			return err
 		}
 	}
@@ -177,22 +195,26 @@ func (c *Cluster) startScheduler(ctx context.Context, extenderPort int, config s
 	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
 		return fmt.Errorf("write scheduler configuration: %w", err)
 	}
-	return c.startKubeScheduler(ctx, filepath.Join(c.State.BinDir, "kube-scheduler"), []string{"--config=" + cfg}, nil)
+	bin, args, err := inHost(pair.Hostname, filepath.Join(c.State.BinDir, "kube-scheduler"), []string{"--config=" + cfg})
+	if err != nil {
+		return err
+	}
+	return c.startKubeScheduler(ctx, pair.KubeScheduler, bin, args, nil)
 }
 
 // startKubeScheduler starts kube-scheduler from bin with args (which must name its configuration)
-// and env, serving on a free loopback port, and waits for its /healthz.
-func (c *Cluster) startKubeScheduler(ctx context.Context, bin string, args, env []string) error {
+// and env as the process name, serving on a free loopback port, and waits for its /healthz.
+func (c *Cluster) startKubeScheduler(ctx context.Context, name, bin string, args, env []string) error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
 	args = append(append([]string(nil), args...), "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port))
-	p, err := c.startEnv("kube-scheduler", bin, args, env, filepath.Join(c.State.Dir, "kube-scheduler"))
+	p, err := c.startEnv(name, bin, args, env, filepath.Join(c.State.Dir, name))
 	if err != nil {
 		return err
 	}
-	return c.waitKubeSchedulerReady(ctx, p, "kube-scheduler /healthz")
+	return c.waitKubeSchedulerReady(ctx, p, name+" /healthz")
 }
 
 // RESTConfig returns a client configuration for the admin user that verifies the API server's
@@ -209,10 +231,19 @@ func (c *Cluster) RESTConfig() *rest.Config {
 
 // writeKubeconfig writes an admin kubeconfig with the CA and token inline to path (mode 0600).
 func (c *Cluster) writeKubeconfig(path string) error {
+	return c.writeKubeconfigFor(path, c.RESTConfig().Host, c.State.Token)
+}
+
+// writeKubeconfigFor writes a kubeconfig of server (the API server's CA inline) with token to path
+// (mode 0600), creating its folder.
+func (c *Cluster) writeKubeconfigFor(path, server, token string) error {
 	const name = "gpuslice-local"
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return fmt.Errorf("create the folder of %s: %w", path, err)
+	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: c.RESTConfig().Host, CertificateAuthorityData: c.State.CAData}
-	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: c.State.Token}
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.State.CAData}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
 	cfg.CurrentContext = name
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {

@@ -56,8 +56,14 @@ const (
 // kube-scheduler's defaults. With draScore, a second extender entry, as the chart's with
 // dra.enabled: prioritizeVerb dra/prioritize at the chart's default weight, no managedResources
 // (asked about every pod of both profiles here; it scores only pods with gpuslice claims),
-// ignorable.
-func schedulerConfig(kubeconfig string, extenderPort int, draScore bool) string {
+// ignorable. With leader, kube-scheduler runs leader election on LeaderLeaseNamespace/LeaderLeaseName
+// with those durations, as the chart's replicas do.
+func schedulerConfig(kubeconfig string, extenderPort int, draScore bool, leader *LeaderElection) string {
+	election := "  leaderElect: false\n"
+	if leader != nil {
+		election = fmt.Sprintf("  leaderElect: true\n  resourceNamespace: %s\n  resourceName: %s\n  leaseDuration: %s\n  renewDeadline: %s\n  retryPeriod: %s\n",
+			LeaderLeaseNamespace, LeaderLeaseName, leader.LeaseDuration, leader.RenewDeadline, leader.RetryPeriod)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -66,8 +72,7 @@ clientConnection:
   qps: 100
   burst: 200
 leaderElection:
-  leaderElect: false
-profiles:
+%sprofiles:
 - schedulerName: default-scheduler
 - schedulerName: %s
   percentageOfNodesToScore: 0
@@ -88,7 +93,7 @@ extenders:
   nodeCacheCapable: true
   httpTimeout: 10s
   managedResources:
-`, kubeconfig, SchedulerName, extenderPort)
+`, kubeconfig, election, SchedulerName, extenderPort)
 	for _, r := range vgpu.Resources() {
 		fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: true\n", r)
 	}
@@ -136,25 +141,30 @@ func pointSchedulerConfig(config, kubeconfig string, extenderPort int) (string, 
 	return string(out), nil
 }
 
-// startExtender starts the gpuslice scheduler extender on a free loopback port and waits for its
-// /readyz (informers synced). It returns the port.
-func (c *Cluster) startExtender(ctx context.Context, extraArgs []string) (int, error) {
+// startExtender starts pair's gpuslice scheduler extender on a free loopback port, authenticated
+// by kubeconfig and under the pair's host name, and waits for its /readyz (informers synced). It
+// returns the port.
+func (c *Cluster) startExtender(ctx context.Context, pair SchedulerPair, kubeconfig string, extraArgs []string) (int, error) {
 	port, err := freePort()
 	if err != nil {
 		return 0, err
 	}
-	dir := filepath.Join(c.State.Dir, ExtenderName)
+	dir := filepath.Join(c.State.Dir, pair.Extender)
 	args := append([]string{
 		"--address=127.0.0.1:" + strconv.Itoa(port),
-		"--kubeconfig=" + c.State.Kubeconfig,
+		"--kubeconfig=" + kubeconfig,
 		"--v=2",
 	}, extraArgs...)
-	p, err := c.start(ExtenderName, c.State.ExtenderPath, args, dir)
+	bin, args, err := inHost(pair.Hostname, c.State.ExtenderPath, args)
 	if err != nil {
 		return 0, err
 	}
-	c.State.ExtenderPort = port
-	return port, c.waitExtenderReady(ctx, p, "gpuslice extender /readyz")
+	p, err := c.start(pair.Extender, bin, args, dir)
+	if err != nil {
+		return 0, err
+	}
+	pair.ExtenderPort = port
+	return port, c.waitExtenderReady(ctx, p, pair.ExtenderURL(), pair.Extender+" /readyz")
 }
 
 // RestartExtender stops the extender and starts it again on the same port with the same flags,
@@ -163,10 +173,11 @@ func (c *Cluster) RestartExtender(ctx context.Context) error {
 	return c.Restart(ctx, ExtenderName, false)
 }
 
-// waitExtenderReady waits until the extender process p answers /readyz (its informers synced).
-func (c *Cluster) waitExtenderReady(ctx context.Context, p *Process, what string) error {
+// waitExtenderReady waits until the extender process p answers /readyz at url (its informers
+// synced).
+func (c *Cluster) waitExtenderReady(ctx context.Context, p *Process, url, what string) error {
 	return c.waitFor(ctx, what, []*Process{p}, func(ctx context.Context) (bool, error) {
-		return httpOK(ctx, http.DefaultClient, c.ExtenderURL()+"/readyz"), nil
+		return httpOK(ctx, http.DefaultClient, url+"/readyz"), nil
 	})
 }
 
@@ -189,9 +200,18 @@ func (c *Cluster) StopExtender() error {
 	return p.Stop()
 }
 
-// ExtenderURL returns the extender's base URL.
+// ExtenderURL returns the extender's base URL: the first scheduler pair's.
 func (c *Cluster) ExtenderURL() string {
 	return "http://127.0.0.1:" + strconv.Itoa(c.State.ExtenderPort)
+}
+
+// ExtenderURLs returns the base URL of every scheduler pair's extender, pair 0 first.
+func (c *Cluster) ExtenderURLs() []string {
+	var urls []string
+	for _, p := range c.Schedulers() {
+		urls = append(urls, p.ExtenderURL())
+	}
+	return urls
 }
 
 // WebhookURL returns the webhook's base URL (HTTPS, serving certificate in State.WebhookCA).

@@ -5,8 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	componentbaseconfigv1alpha1 "k8s.io/component-base/config/v1alpha1"
 	kubeschedulerconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"sigs.k8s.io/yaml"
 
@@ -41,7 +44,7 @@ func TestSchedulerConfigLikeChart(t *testing.T) {
 		t.Fatalf("chart values: %v", err)
 	}
 	var cfg kubeschedulerconfigv1.KubeSchedulerConfiguration
-	if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888, true)), &cfg); err != nil {
+	if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888, true, nil)), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	// The DRA scoring entry (Options.DRAScore) as the chart's with dra.enabled.
@@ -121,6 +124,36 @@ func TestPointSchedulerConfig(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("pointSchedulerConfig (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSchedulerConfigLeaderElection checks the leader election the scheduler pairs run with
+// (Options.Schedulers above 1): kube-scheduler's configuration names the Lease and the durations,
+// and a single pair has none.
+func TestSchedulerConfigLeaderElection(t *testing.T) {
+	t.Parallel()
+	yes, no := true, false
+	le := LeaderElection{LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second}.withDefaults() // retryPeriod: the default
+	for _, tc := range []struct {
+		name   string
+		leader *LeaderElection
+		want   componentbaseconfigv1alpha1.LeaderElectionConfiguration
+	}{
+		{name: "single pair", want: componentbaseconfigv1alpha1.LeaderElectionConfiguration{LeaderElect: &no}},
+		{name: "pairs", leader: &le, want: componentbaseconfigv1alpha1.LeaderElectionConfiguration{
+			LeaderElect: &yes, ResourceNamespace: LeaderLeaseNamespace, ResourceName: LeaderLeaseName,
+			LeaseDuration: metav1.Duration{Duration: 6 * time.Second}, RenewDeadline: metav1.Duration{Duration: 4 * time.Second}, RetryPeriod: metav1.Duration{Duration: 2 * time.Second},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cfg kubeschedulerconfigv1.KubeSchedulerConfiguration
+			if err := yaml.UnmarshalStrict([]byte(schedulerConfig("/kubeconfig", 8888, false, tc.leader)), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, cfg.LeaderElection); diff != "" {
+				t.Errorf("leaderElection (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -9,60 +9,96 @@ import (
 	"strings"
 )
 
-// Names of the control-plane processes that Restart takes besides ExtenderName and WebhookName.
+// Names of the control-plane processes that Restart takes besides ExtenderName and WebhookName
+// (KubeSchedulerName and ExtenderName are the first scheduler pair's).
 const (
 	APIServerName     = "kube-apiserver"
 	KubeSchedulerName = "kube-scheduler"
 )
 
-// Restart ends the control-plane process name (APIServerName, KubeSchedulerName, ExtenderName or
-// WebhookName) — with SIGKILL when kill, as a crash would, else SIGTERM then SIGKILL after a
-// grace period — starts it again with the same program, flags, environment and ports, and waits
-// until it is ready as Start does: the API server's /readyz, kube-scheduler's /healthz, the
-// extender's /readyz (informers synced), the webhook's /readyz and the API server calling it.
-// It must not run concurrently with another start of the same process. Not for a chart cluster.
+// Restart ends the control-plane process name (APIServerName, WebhookName, or the KubeScheduler or
+// Extender of one of Schedulers: KubeSchedulerName and ExtenderName for the first) — with SIGKILL
+// when kill, as a crash would, else SIGTERM then SIGKILL after a grace period — starts it again
+// with the same program, flags, environment and ports, and waits until it is ready as Start does:
+// the API server's /readyz, kube-scheduler's /healthz, the extender's /readyz (informers synced),
+// the webhook's /readyz and the API server calling it. It must not run concurrently with another
+// start of the same process. Not for a chart cluster.
 func (c *Cluster) Restart(ctx context.Context, name string, kill bool) error {
-	if c.chart != nil {
-		return fmt.Errorf("restart %s: not supported on a cluster installed from the chart", name)
+	if err := c.End(name, kill); err != nil {
+		return err
 	}
-	var ready func(ctx context.Context, p *Process) error
-	switch name {
-	case APIServerName:
-		ready = c.waitAPIServerReady
-	case KubeSchedulerName:
-		ready = func(ctx context.Context, p *Process) error {
-			return c.waitKubeSchedulerReady(ctx, p, "kube-scheduler /healthz after restart")
-		}
-	case ExtenderName:
-		ready = func(ctx context.Context, p *Process) error {
-			return c.waitExtenderReady(ctx, p, "gpuslice extender /readyz after restart")
-		}
-	case WebhookName:
-		ready = func(ctx context.Context, p *Process) error {
-			if err := c.waitWebhookReady(ctx, p, "gpuslice webhook /readyz after restart"); err != nil {
-				return err
-			}
-			return c.waitWebhookCalled(ctx, p, "API server calling the gpuslice webhook after restart")
-		}
-	default:
-		return fmt.Errorf("restart %q: want one of %s, %s, %s, %s", name, APIServerName, KubeSchedulerName, ExtenderName, WebhookName)
+	return c.StartAgain(ctx, name)
+}
+
+// End ends the control-plane process name as Restart does, and leaves it stopped until
+// StartAgain.
+func (c *Cluster) End(name string, kill bool) error {
+	if _, err := c.readiness(name); err != nil {
+		return err
 	}
 	p := c.process(name)
 	if p == nil {
-		return fmt.Errorf("restart %s: not running", name)
+		return fmt.Errorf("end %s: not running", name)
 	}
 	end := p.Stop
 	if kill {
 		end = p.Kill
 	}
 	if err := end(); err != nil {
-		return fmt.Errorf("restart %s: %w", name, err)
+		return fmt.Errorf("end %s: %w", name, err)
+	}
+	return nil
+}
+
+// StartAgain starts the control-plane process name, which has ended (End, or a crash), with the
+// same program, flags, environment and ports, and waits until it is ready as Restart does.
+func (c *Cluster) StartAgain(ctx context.Context, name string) error {
+	ready, err := c.readiness(name)
+	if err != nil {
+		return err
+	}
+	p := c.process(name)
+	if p == nil {
+		return fmt.Errorf("start %s again: never started", name)
+	}
+	if !p.Exited() {
+		return fmt.Errorf("start %s again: pid %d still runs", name, p.PID)
 	}
 	np, err := c.startEnv(name, p.Path, p.Args, p.Env, filepath.Dir(p.Log))
 	if err != nil {
-		return fmt.Errorf("restart %s: %w", name, err)
+		return fmt.Errorf("start %s again: %w", name, err)
 	}
 	return ready(ctx, np)
+}
+
+// readiness returns the wait for the process name to be ready after a restart.
+func (c *Cluster) readiness(name string) (func(ctx context.Context, p *Process) error, error) {
+	if c.chart != nil {
+		return nil, fmt.Errorf("restart %s: not supported on a cluster installed from the chart", name)
+	}
+	switch name {
+	case APIServerName:
+		return c.waitAPIServerReady, nil
+	case WebhookName:
+		return func(ctx context.Context, p *Process) error {
+			if err := c.waitWebhookReady(ctx, p, "gpuslice webhook /readyz after restart"); err != nil {
+				return err
+			}
+			return c.waitWebhookCalled(ctx, p, "API server calling the gpuslice webhook after restart")
+		}, nil
+	}
+	pair, isExtender, ok := c.pairOf(name)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("restart %q: want one of %s, %s, or a scheduler pair's kube-scheduler or extender (%s, %s, ...)", name, APIServerName, WebhookName, KubeSchedulerName, ExtenderName)
+	case isExtender:
+		return func(ctx context.Context, p *Process) error {
+			return c.waitExtenderReady(ctx, p, pair.ExtenderURL(), name+" /readyz after restart")
+		}, nil
+	}
+	return func(ctx context.Context, p *Process) error {
+		return c.waitKubeSchedulerReady(ctx, p, name+" /healthz after restart")
+	}, nil
 }
 
 // waitAPIServerReady waits until the API server process p answers /readyz.

@@ -288,6 +288,58 @@ func TestHandoffCDI(t *testing.T) {
 	}
 }
 
+// TestHandoffCDIStartAfterAKillAtAllocate: a plugin killed right after
+// Allocate answered, before it wrote the CDI device name it gave to its
+// checkpoint (in the background, milliseconds later), still lets the
+// container start. The kill is played by stopping the plugin and putting
+// its state folder and spec folder back as they were before Allocate, as
+// such a kill leaves them (the spec prepared at Allocate is written only
+// after that checkpoint). A new plugin is started; the container's start
+// through the real device manager, which kept the Allocate answer, resolves
+// that name with its own pod's slice.
+func TestHandoffCDIStartAfterAKillAtAllocate(t *testing.T) {
+	t.Parallel()
+	h := newHandoffEnv(t, deviceplugin.ModeCDI)
+	a := h.createPod("a", time.Now(), vgputest.Allocation(nodeName).Container("main").Slice(fakeGPU(1), 10240, 25))
+	p := h.start()
+	checkpoint := filepath.Join(h.dir, "gpuslice-state", "claims.json")
+	before, err := os.ReadFile(checkpoint) //nolint:gosec // G304: the test's own folder.
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := h.m.Allocate(a, &a.Spec.Containers[0]); err != nil {
+		t.Fatalf("kubelet Allocate for a: %v", err)
+	}
+	h.waitPrepared("a")
+	p.stop()
+	if err := h.m.WaitResource(waitCtx(t, waitLong), resourceName, allDevices, 0); err != nil {
+		t.Fatalf("plugin stopped: %v", err)
+	}
+	if before == nil {
+		err = os.Remove(checkpoint)
+	} else {
+		err = os.WriteFile(checkpoint, before, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := filepath.Glob(filepath.Join(h.dir, "cdi", "*.json"))
+	if err != nil || len(specs) == 0 {
+		t.Fatalf("specs prepared at Allocate: %v, %v", specs, err)
+	}
+	for _, spec := range specs {
+		if err := os.Remove(spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	h.start()
+	want := map[string]string{handoff.EnvPod: "default/a", handoff.EnvPodUID: "uid-a", handoff.EnvMemoryLimitPrefix + "0": "10240m"}
+	if diff := cmp.Diff(want, pick(h.startContainer(a, "main"), want)); diff != "" {
+		t.Errorf("a's env after a kill at Allocate (-want +got):\n%s", diff)
+	}
+}
+
 // TestHandoffEnv: in mode env a container gets its slice from Allocate,
 // a plugin restart keeps it verifiable, and a wrong guess (a younger pod
 // admitted before an older one on the same GPU) is refused at start with

@@ -53,18 +53,12 @@ func startPlugin(t *testing.T, dir string, client deviceplugin.API) *runningPlug
 
 // startPluginWith is startPlugin with configuration changes. By default the
 // plugin's CDI specs and state live in dir (the kubelet deletes only
-// sockets there) and nothing serves its PodResources socket.
+// sockets there) and nothing serves its PodResources socket. As the binary
+// does, the GPU backend records GPUs that need a reset in the state folder,
+// and with cfg.FakeGPUFaultsDir the fake GPUs keep their state in that
+// folder and take faults from it.
 func startPluginWith(t *testing.T, dir string, client deviceplugin.API, mutate func(*deviceplugin.Config)) *runningPlugin {
 	t.Helper()
-	fake, err := nvidia.NewFake(fakeGPUs, nodeName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))
-	backend, err := nvidia.Open(nvidia.Options{Library: fake, CoolDown: coolDown, EventWait: 20 * time.Millisecond, Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := deviceplugin.DefaultConfig()
 	cfg.NodeName = nodeName
 	cfg.DevicePluginDir = dir
@@ -76,14 +70,36 @@ func startPluginWith(t *testing.T, dir string, client deviceplugin.API, mutate f
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	fake, err := nvidia.NewFake(fakeGPUs, nodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.FakeGPUFaultsDir != "" {
+		if err := fake.KeepStateIn(cfg.FakeGPUFaultsDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))
+	backend, err := nvidia.Open(nvidia.Options{Library: fake, CoolDown: coolDown, EventWait: 20 * time.Millisecond, Logger: logger, FaultRecordDir: cfg.FaultRecordDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	p, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	r := &runningPlugin{t: t, cfg: cfg, plugin: p, fake: fake, cancel: cancel, done: make(chan error, 1)}
+	faults := make(chan struct{})
+	go func() {
+		defer close(faults)
+		if cfg.FakeGPUFaultsDir != "" {
+			_ = fake.ServeFaults(ctx, cfg.FakeGPUFaultsDir, nvidia.FaultOptions{})
+		}
+	}()
 	go func() {
 		r.done <- p.Run(ctx)
+		<-faults
 		_ = backend.Close()
 	}()
 	t.Cleanup(r.stop)

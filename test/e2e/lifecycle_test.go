@@ -153,8 +153,10 @@ func TestKubeletRestartWithPluginDown(t *testing.T) {
 
 // TestContainerRestartKeepsDevices is scenario 5: a container that exits is restarted with the
 // same devices and env (the kubelet replays the cached Allocate response). The test stops the
-// container through the fake runtime's CRI socket, as if its process had exited. Real: every
-// Kubernetes component and gpuslice-device-plugin. Fake: NVML and the container runtime.
+// container through the fake runtime's CRI socket, as if its process had exited. On the same
+// cluster, a pod deleted and created again under its name while the plugin's view lags gets its
+// own slice (recreatedPodGetsItsOwnSlice). Real: every Kubernetes component and
+// gpuslice-device-plugin. Fake: NVML and the container runtime.
 func TestContainerRestartKeepsDevices(t *testing.T) {
 	c := startCluster(t, cluster.NodeOptions{Name: "node-1", FakeGPUs: fakeGPUs})
 	n := c.Nodes[0]
@@ -197,6 +199,10 @@ func TestContainerRestartKeepsDevices(t *testing.T) {
 	if !slices.Equal(first.CDIDevices, second.CDIDevices) || len(first.Devices) != len(second.Devices) {
 		t.Errorf("devices differ between attempts: %+v vs %+v", first, second)
 	}
+
+	t.Run("pod created again under its name while the plugin's view lags", func(t *testing.T) {
+		recreatedPodGetsItsOwnSlice(t, c, n)
+	})
 }
 
 // TestNodeWithoutPluginGetsNoGPUPod is scenario 4 (and proof 3 of the scheduling issue): a Ready

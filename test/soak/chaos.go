@@ -93,8 +93,10 @@ func (s *soak) restartKubelet(ctx context.Context, rng *rand.Rand, n *cluster.No
 }
 
 // restartPlugin ends n's device plugin, waits a moment, starts it again and waits until it is
-// registered. A restarted plugin starts with fresh fake GPUs, so n's GPUs no longer wait for a
-// reset.
+// registered. The fake GPUs keep their recovery actions in the faults folder and the plugin its
+// fault records in its state folder, so n's GPUs that waited for a reset still wait for it after
+// the restart. When all of them do, one is reset: a plugin with no healthy GPU has nothing
+// allocatable, which WaitPluginReady waits for.
 func (s *soak) restartPlugin(ctx context.Context, rng *rand.Rand, n *cluster.Node, kill bool) error {
 	end := n.StopPlugin
 	if kill {
@@ -107,9 +109,26 @@ func (s *soak) restartPlugin(ctx context.Context, rng *rand.Rand, n *cluster.Nod
 	if err := n.StartPlugin(); err != nil {
 		return err
 	}
+	gpus, err := nvidia.ParseFakeSpec(n.FakeGPUs)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
-	delete(s.needsReset, n.Name)
+	waiting := s.needsReset[n.Name]
+	reset := -1
+	if len(waiting) == len(gpus) {
+		for gpu := range waiting {
+			reset = gpu
+			break
+		}
+		delete(waiting, reset)
+	}
 	s.mu.Unlock()
+	if reset >= 0 {
+		if err := s.inject(n, nvidia.FakeFault{GPU: reset, Reset: true}); err != nil {
+			return err
+		}
+	}
 	return n.WaitPluginReady(ctx)
 }
 

@@ -53,8 +53,9 @@ type env struct {
 }
 
 // startEnv starts the API server and the webhook, registers the webhook and
-// waits until the API server calls it.
-func startEnv(t *testing.T) *env {
+// waits until the API server calls it. With dra.Enabled the webhook converts
+// pods to claims and creates their templates through the API server.
+func startEnv(t *testing.T, dra webhook.DRAConfig) *env {
 	t.Helper()
 	s := apiserver.Start(t, apiserver.Options{})
 	e := &env{
@@ -67,7 +68,12 @@ func startEnv(t *testing.T) *env {
 	cfg := webhook.DefaultServerConfig()
 	cfg.TLSCertFile, cfg.TLSKeyFile = e.volume.CertFile(), e.volume.KeyFile()
 	cfg.ExcludedNamespaces = []string{metav1.NamespaceSystem, configExcludedNS}
-	srv, err := webhook.NewServer(cfg)
+	cfg.DRA = dra
+	var templates webhook.Templates
+	if dra.Enabled {
+		templates = webhook.ClientTemplates{Client: e.client.ResourceV1()}
+	}
+	srv, err := webhook.NewServerWithTemplates(cfg, templates)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +210,7 @@ func resourcesOf(pod *corev1.Pod) podResources {
 }
 
 func TestWebhookThroughAPIServer(t *testing.T) {
-	e := startEnv(t)
+	e := startEnv(t, webhook.DRAConfig{})
 
 	t.Run("GPU pod is steered to the gpuslice scheduler and defaulted", func(t *testing.T) {
 		got, err := e.create(callCtx(t), gpuPod("gpu"), false)
