@@ -8,6 +8,7 @@ import (
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -19,12 +20,12 @@ import (
 // them, under 10 KB and 100).
 var (
 	// demandBudget bounds demandOf.
-	demandBudget = vgputest.Cost{Allocs: 256, Bytes: 64 << 10}
+	demandBudget = fuzzcost.Cost{Allocs: 256, Bytes: 64 << 10}
 	// filterBudget bounds a cold Filter over filterFuzzNodes nodes.
-	filterBudget = vgputest.Cost{Allocs: 1000, Bytes: 256 << 10}
+	filterBudget = fuzzcost.Cost{Allocs: 1000, Bytes: 256 << 10}
 	// trimBudget bounds the trimmer on a pod: it copies at most a cut of
 	// each annotation it keeps.
-	trimBudget = vgputest.Cost{Allocs: 64, Bytes: 256 << 10}
+	trimBudget = fuzzcost.Cost{Allocs: 64, Bytes: 256 << 10}
 )
 
 // filterFuzzNodes is how many nodes FuzzFilterCost's Filter judges.
@@ -63,15 +64,15 @@ func FuzzFilterCost(f *testing.F) {
 			Container("main").GPU(1).MemoryMiB(2048).Obj()
 		size := len(models) + 2*len(exclude) + len(uuids) + len(excludeUUIDs) + 2*len(policy) + len(enforcement)
 
-		if cost := vgputest.Measure(1, func() { _, _ = trim(pod) }); !cost.Within(trimBudget) {
+		if cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = trim(pod) }); !cost.Within(trimBudget) {
 			t.Fatalf("trimmer of a pod with %d bytes of annotations cost %+v, want at most %+v", size, cost, trimBudget)
 		}
-		if cost := vgputest.Measure(1, func() { _, _ = demandOf(pod) }); !cost.Within(demandBudget) {
+		if cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = demandOf(pod) }); !cost.Within(demandBudget) {
 			t.Fatalf("demandOf a pod with %d bytes of annotations cost %+v, want at most %+v", size, cost, demandBudget)
 		}
 		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
 		var got *extenderv1.ExtenderFilterResult
-		cost := vgputest.MeasureFirst(func() {
+		cost := fuzzcost.MeasureFirst(func() {
 			var err error
 			if got, err = s.Filter(context.Background(), args); err != nil {
 				t.Fatalf("Filter: %v", err)
