@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -74,25 +74,11 @@ func TestFilterOverLimitPod(t *testing.T) {
 	}
 
 	const budget = 16 << 10
-	got := allocatedBytes(func() { _, _ = e.s.Filter(context.Background(), args) })
+	got := fuzzcost.Measure(20, func() { _, _ = e.s.Filter(context.Background(), args) }).Bytes
 	t.Logf("Filter of the over-limit pod on %d nodes: %d bytes", len(names), got)
 	if got > budget {
 		t.Errorf("Filter of the over-limit pod allocates %d bytes, want at most %d (the value is %d bytes)", got, budget, len(hugeExclude))
 	}
-}
-
-// allocatedBytes is the average heap allocated by one call of f, over 20.
-func allocatedBytes(f func()) uint64 {
-	f() // warm up pools and caches
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	const runs = 20
-	for range runs {
-		f()
-	}
-	runtime.ReadMemStats(&after)
-	return (after.TotalAlloc - before.TotalAlloc) / runs
 }
 
 // TestOnlineWorkloadSkipsOverLimitPod: a pod over vgpu's limits, created

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -89,7 +90,7 @@ func FuzzParsePodAllocation(f *testing.F) {
 	f.Add(strings.Repeat("[", 5000))
 	f.Fuzz(func(t *testing.T, s string) {
 		fuzzParse(t, s, vgpu.ParsePodAllocation, vgpu.EncodePodAllocation)
-		got := vgputest.Measure(1, func() { _, _ = vgpu.ParsePodAllocation(s) })
+		got := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = vgpu.ParsePodAllocation(s) })
 		if budget := allocationBudget(s); !got.Within(budget) {
 			t.Fatalf("ParsePodAllocation of %d bytes (%q) cost %+v, want at most %+v", len(s), vgpu.Abbreviate(s), got, budget)
 		}
@@ -102,11 +103,11 @@ func FuzzParsePodAllocation(f *testing.F) {
 // containers or slices by the thousand) take a tenth of an allocation and
 // 35 bytes per byte. A value over MaxPodAllocationLength is refused for
 // the cost of its error.
-func allocationBudget(s string) vgputest.Cost {
+func allocationBudget(s string) fuzzcost.Cost {
 	if len(s) > vgpu.MaxPodAllocationLength {
-		return vgputest.Cost{Allocs: 8, Bytes: 512}
+		return fuzzcost.Cost{Allocs: 8, Bytes: 512}
 	}
-	return vgputest.Cost{Allocs: 256 + uint64(len(s))/2, Bytes: 64<<10 + 64*uint64(len(s))}
+	return fuzzcost.Cost{Allocs: 256 + uint64(len(s))/2, Bytes: 64<<10 + 64*uint64(len(s))}
 }
 
 // FuzzRequestFromPod builds a pod whose first container (an init container
@@ -223,7 +224,7 @@ func FuzzParsePolicy(f *testing.F) {
 // constraintsBudget is what ParseConstraints may allocate, whatever the
 // values' lengths: the limits bound what it keeps (the most, four lists of
 // 32 items, takes 25 allocations and 4 KiB) and what an error quotes.
-var constraintsBudget = vgputest.Cost{Allocs: 64, Bytes: 16 << 10}
+var constraintsBudget = fuzzcost.Cost{Allocs: 64, Bytes: 16 << 10}
 
 // maxConstraintsMessage bounds the message of ParseConstraints' error: eight
 // keys, each quoting at most MaxShownValueRunes runes of its value.
@@ -253,7 +254,7 @@ func FuzzParseConstraints(f *testing.F) {
 			vgpu.AnnotationNUMABind: numa, vgpu.AnnotationNodePolicy: nodePolicy, vgpu.AnnotationGPUPolicy: gpuPolicy,
 			vgpu.AnnotationEnforcement: enforcement,
 		}
-		cost := vgputest.Measure(1, func() { _, _ = vgpu.ParseConstraints(annotations) })
+		cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = vgpu.ParseConstraints(annotations) })
 		if !cost.Within(constraintsBudget) {
 			t.Fatalf("ParseConstraints of values of %d bytes in all cost %+v, want at most %+v", valueBytes(annotations), cost, constraintsBudget)
 		}
@@ -293,9 +294,9 @@ func valueBytes(annotations map[string]string) int {
 // reads, which is at most MaxGPUContainersPerPod+1 of them (measured: 15
 // allocations and 1.2 KiB for a container with four invalid values),
 // whatever the pod's size.
-func requestBudget(gpu int) vgputest.Cost {
+func requestBudget(gpu int) fuzzcost.Cost {
 	read := uint64(min(gpu, vgpu.MaxGPUContainersPerPod+1))
-	return vgputest.Cost{Allocs: 16 + 32*read, Bytes: 1024 + 2048*read}
+	return fuzzcost.Cost{Allocs: 16 + 32*read, Bytes: 1024 + 2048*read}
 }
 
 // FuzzRequestFromPodCost builds a pod of n containers, every every-th of
@@ -330,7 +331,7 @@ func FuzzRequestFromPodCost(f *testing.F) {
 			}
 		}
 		pod := b.Obj()
-		cost := vgputest.Measure(1, func() { _, _ = vgpu.RequestFromPod(pod) })
+		cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = vgpu.RequestFromPod(pod) })
 		if budget := requestBudget(gpuContainers); !cost.Within(budget) {
 			t.Fatalf("RequestFromPod of %d containers, %d asking for GPUs, cost %+v, want at most %+v", n, gpuContainers, cost, budget)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
@@ -157,7 +158,7 @@ func TestPodAllocationLimits(t *testing.T) {
 func TestParsePodAllocationOverLengthCost(t *testing.T) {
 	for _, n := range []int{vgpu.MaxPodAllocationLength + 1, 1 << 20} {
 		raw := `{"version":1,"node":"n","containers":[` + strings.Repeat(`{},`, n/3) + `{}]}`
-		if cost, budget := vgputest.Measure(3, func() { _, _ = vgpu.ParsePodAllocation(raw) }), allocationBudget(raw); !cost.Within(budget) {
+		if cost, budget := fuzzcost.Measure(3, func() { _, _ = vgpu.ParsePodAllocation(raw) }), allocationBudget(raw); !cost.Within(budget) {
 			t.Errorf("ParsePodAllocation of %d bytes cost %+v, want at most %+v", len(raw), cost, budget)
 		}
 	}
