@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -89,8 +90,12 @@ func (c DRAConfig) wants(pod *corev1.Pod) bool {
 
 // draRequest turns one container's request into a device request; the
 // request is named after the container (a DNS label, as request names must be).
-func draRequest(c vgpu.ContainerRequest, class string, cons vgpu.Constraints) (resourcev1.DeviceRequest, []error) {
+func draRequest(c vgpu.ContainerRequest, class string, selectors []resourcev1.DeviceSelector) (resourcev1.DeviceRequest, []error) {
 	var errs []error
+	if len(validation.IsDNS1123Label(c.Name)) > 0 {
+		errs = append(errs, fmt.Errorf("container %q: on DRA-mode nodes the name is that of its request in the pod's claim, so it must be a DNS label "+
+			"(at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit)", c.Name))
+	}
 	kind := "containers"
 	if c.Init {
 		kind = "initContainers"
@@ -113,7 +118,10 @@ func draRequest(c vgpu.ContainerRequest, class string, cons vgpu.Constraints) (r
 		DeviceClassName: class,
 		AllocationMode:  resourcev1.DeviceAllocationModeExactCount,
 		Count:           int64(c.GPUs),
-		Selectors:       draSelectors(cons),
+		Selectors:       make([]resourcev1.DeviceSelector, 0, len(selectors)),
+	}
+	for _, sel := range selectors {
+		exact.Selectors = append(exact.Selectors, *sel.DeepCopy())
 	}
 	if len(req) > 0 {
 		exact.Capacity = &resourcev1.CapacityRequirements{Requests: req}
@@ -123,8 +131,11 @@ func draRequest(c vgpu.ContainerRequest, class string, cons vgpu.Constraints) (r
 
 // draSelectors turns the model and UUID annotations into CEL selectors
 // with vgpu's meaning: a model matches when it contains one of the
-// substrings, compared case-insensitively.
-func draSelectors(c vgpu.Constraints) []resourcev1.DeviceSelector {
+// substrings, compared case-insensitively. An annotation whose selector is
+// longer than the API server takes (CELSelectorExpressionMaxLength) is an
+// error naming it. Within that length a selector's CEL cost stays far below
+// CELSelectorExpressionMaxCost (about one unit per 1.4 bytes).
+func draSelectors(c vgpu.Constraints) ([]resourcev1.DeviceSelector, []error) {
 	attr := func(name string) string { return fmt.Sprintf("device.attributes[%q].%s", draAttributeDomain, name) }
 	model := attr("model") + ".lowerAscii()"
 	contains := func(models []string) string {
@@ -138,24 +149,30 @@ func draSelectors(c vgpu.Constraints) []resourcev1.DeviceSelector {
 		b, _ := json.Marshal(list) // a JSON list of strings is a CEL list literal
 		return string(b)
 	}
-	var exprs []string
-	if len(c.Models) > 0 {
-		exprs = append(exprs, contains(c.Models))
-	}
-	if len(c.ExcludeModels) > 0 {
-		exprs = append(exprs, "!("+contains(c.ExcludeModels)+")")
-	}
-	if len(c.UUIDs) > 0 {
-		exprs = append(exprs, attr("uuid")+" in "+quoted(c.UUIDs))
-	}
-	if len(c.ExcludeUUIDs) > 0 {
-		exprs = append(exprs, "!("+attr("uuid")+" in "+quoted(c.ExcludeUUIDs)+")")
-	}
-	out := make([]resourcev1.DeviceSelector, 0, len(exprs))
-	for _, e := range exprs {
+	var out []resourcev1.DeviceSelector
+	var errs []error
+	for _, s := range []struct {
+		annotation string
+		items      []string
+		expr       func() string
+	}{
+		{vgpu.AnnotationGPUModel, c.Models, func() string { return contains(c.Models) }},
+		{vgpu.AnnotationGPUModelExclude, c.ExcludeModels, func() string { return "!(" + contains(c.ExcludeModels) + ")" }},
+		{vgpu.AnnotationGPUUUID, c.UUIDs, func() string { return attr("uuid") + " in " + quoted(c.UUIDs) }},
+		{vgpu.AnnotationGPUUUIDExclude, c.ExcludeUUIDs, func() string { return "!(" + attr("uuid") + " in " + quoted(c.ExcludeUUIDs) + ")" }},
+	} {
+		if len(s.items) == 0 {
+			continue
+		}
+		e := s.expr()
+		if len(e) > resourcev1.CELSelectorExpressionMaxLength {
+			errs = append(errs, fmt.Errorf("annotation %s: its %d entries make a CEL selector of %d bytes on DRA-mode nodes, where a selector has at most %d; list fewer",
+				s.annotation, len(s.items), len(e), resourcev1.CELSelectorExpressionMaxLength))
+			continue
+		}
 		out = append(out, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
 	}
-	return out
+	return out, errs
 }
 
 // draConvert returns the template and the patch that turn pod (its
@@ -171,16 +188,28 @@ func draConvert(pod *corev1.Pod, req vgpu.PodRequest, cons vgpu.Constraints, cfg
 			errs = append(errs, fmt.Errorf("spec.resourceClaims[name=%q]: the name is the claim gpuslice adds for the pod's hami.io resources; rename the pod's own claim", DRAClaimName))
 		}
 	}
+	if n := len(req.Containers); n > resourcev1.DeviceRequestsMaxSize {
+		return nil, nil, append(errs, fmt.Errorf("the pod has %d GPU containers: on DRA-mode nodes each becomes a request of the pod's claim, which holds at most %d; "+
+			"give fewer containers GPUs, or select a device-plugin pool with nodeSelector %s", n, resourcev1.DeviceRequestsMaxSize, vgpu.LabelNodeMode))
+	}
+	selectors, serrs := draSelectors(cons)
+	errs = append(errs, serrs...)
 	spec := resourcev1.ResourceClaimSpec{}
+	gpus := 0
 	for _, c := range req.Containers {
-		r, rerrs := draRequest(c, cfg.deviceClass(), cons)
+		r, rerrs := draRequest(c, cfg.deviceClass(), selectors)
 		errs = append(errs, rerrs...)
+		gpus += c.GPUs
 		spec.Devices.Requests = append(spec.Devices.Requests, r)
 		if cons.NUMABind && c.GPUs > 1 {
 			spec.Devices.Constraints = append(spec.Devices.Constraints, resourcev1.DeviceConstraint{
 				Requests: []string{c.Name}, MatchAttribute: ptrTo(resourcev1.FullyQualifiedName(draAttributeDomain + "/numaNode")),
 			})
 		}
+	}
+	if gpus > resourcev1.AllocationResultsMaxSize {
+		errs = append(errs, fmt.Errorf("the pod's containers ask for %d GPUs (%s) in all: on DRA-mode nodes the pod's claim is allocated at most %d devices; "+
+			"ask for fewer, or select a device-plugin pool with nodeSelector %s", gpus, vgpu.ResourceGPU, resourcev1.AllocationResultsMaxSize, vgpu.LabelNodeMode))
 	}
 	if len(errs) > 0 {
 		return nil, nil, errs

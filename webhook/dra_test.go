@@ -110,6 +110,31 @@ func TestMutateDRA(t *testing.T) {
 		deny: `annotation hami.io/enforcement: is not served on DRA-mode nodes (the DRA driver publishes no enforcement attribute yet); remove it, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode; ` +
 			`spec.resourceClaims[name="gpuslice"]: the name is the claim gpuslice adds for the pod's hami.io resources; rename the pod's own claim`,
 	}, {
+		name: "more GPU containers than a claim has requests",
+		pod: func() *corev1.Pod {
+			b := vgputest.Pod("p").Namespace("ml")
+			for i := range 33 {
+				b = b.Container(fmt.Sprintf("c%d", i)).GPU(1)
+			}
+			return admitted(b.Obj(), std)
+		}(),
+		deny: `the pod has 33 GPU containers: on DRA-mode nodes each becomes a request of the pod's claim, which holds at most 32; ` +
+			`give fewer containers GPUs, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode`,
+	}, {
+		name: "more GPUs in all than a claim is allocated",
+		pod:  admitted(vgputest.Pod("p").Namespace("ml").Container("a").GPU(16).Container("b").GPU(16).Container("c").GPU(1).Obj(), std),
+		deny: `the pod's containers ask for 33 GPUs (hami.io/gpu) in all: on DRA-mode nodes the pod's claim is allocated at most 32 devices; ` +
+			`ask for fewer, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode`,
+	}, {
+		name: "a model list whose selector is longer than a claim allows",
+		pod: admitted(vgputest.Pod("p").Namespace("ml").Annotation(vgpu.AnnotationGPUModelExclude, strings.TrimSuffix(strings.Repeat("m,", 200), ",")).
+			Container("main").GPU(1).Obj(), std),
+		deny: `annotation hami.io/gpu-model-exclude: its 200 entries make a CEL selector of 14799 bytes on DRA-mode nodes, where a selector has at most 10240; list fewer`,
+	}, {
+		name: "a container name the claim's request cannot have",
+		pod:  admitted(vgputest.Pod("p").Namespace("ml").Container("Main_1").GPU(1).Obj(), std),
+		deny: `container "Main_1": on DRA-mode nodes the name is that of its request in the pod's claim, so it must be a DNS label (at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit)`,
+	}, {
 		name: "invalid requests are denied as in device-plugin mode",
 		pod:  admitted(vgputest.Pod("p").Namespace("ml").Container("main").Cores(150).Obj(), std),
 		deny: `container "main": hami.io/gpucores=150: must be an integer from 1 to 100`,
