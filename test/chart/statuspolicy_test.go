@@ -10,7 +10,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -121,13 +120,7 @@ func TestExtenderNodeStatusPolicy(t *testing.T) {
 		}, ""},
 	}
 	for _, tt := range tests {
-		err := tt.do()
-		switch {
-		case tt.wantDeny == "" && err != nil:
-			t.Errorf("%s: %v, want it allowed", tt.name, err)
-		case tt.wantDeny != "" && (!apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tt.wantDeny)):
-			t.Errorf("%s: %v, want the policy's denial containing %q", tt.name, err, tt.wantDeny)
-		}
+		checkAnswer(t, tt.name, tt.do(), tt.wantDeny)
 	}
 	got, err := e.admin.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
 	must("read node-a", err)
