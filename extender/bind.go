@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -257,11 +258,13 @@ func (s *Scheduler) postBinding(ctx context.Context, pod *corev1.Pod, node, allo
 // outcomeUnknown reports whether a failed Binding request may still have
 // been carried out: no answer (timeout, connection lost), a server-side
 // timeout, or a 5xx. A 4xx answer (conflict, not found, forbidden, invalid,
-// too many requests) means the API server did not bind the pod.
+// too many requests) means the API server did not bind the pod, and so
+// does a failed dial (the API server down: the request was never sent).
 func outcomeUnknown(err error) bool {
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
-		return true
+		var op *net.OpError
+		return !errors.As(err, &op) || op.Op != "dial"
 	}
 	// A server-side timeout is a 500 or a 504.
 	code := status.Status().Code

@@ -3,9 +3,12 @@ package extender
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -165,6 +168,8 @@ func TestOutcomeUnknown(t *testing.T) {
 		{apierrors.NewTimeoutError("reply lost", 1), true},
 		{apierrors.NewInternalError(context.Canceled), true},
 		{context.DeadlineExceeded, true},
+		{&url.Error{Op: "Post", URL: "https://apiserver/binding", Err: &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}}, true},
+		{&url.Error{Op: "Post", URL: "https://apiserver/binding", Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}, false},
 	}
 	for _, tt := range tests {
 		if got := outcomeUnknown(tt.err); got != tt.want {

@@ -1,7 +1,7 @@
 // Package chart holds the render tests of the Helm chart in charts/gpuslice.
 // They run the real helm binary that hack/build-cluster.sh builds into
 // _output/cluster/bin (found like the local cluster's binaries, see
-// cluster.FindBinDir); all but the last two need no API server:
+// cluster.FindBinDir); all but the last three need no API server:
 //
 //   - TestChartGolden renders each values file of testdata/values with
 //     `helm template`, lints it with `helm lint --strict`, compares the
@@ -23,6 +23,10 @@
 //   - TestExtenderRBAC asks the same server's RBAC authorizer whether the
 //     extender's ClusterRole and heartbeat Role grant what the extender
 //     does and nothing beside it.
+//   - TestExtenderNodeStatusPolicy creates the rendered policy on the
+//     extender's Node writes in such a server and checks that its
+//     ServiceAccount may change the GPUSliceRegistered condition of a Node's
+//     status, as the extender patches it, and nothing else of a Node.
 //
 // Without a built helm the tests skip, except with CI=true, where they fail.
 package chart

@@ -255,13 +255,7 @@ func TestDevicePluginNodePolicy(t *testing.T) {
 		}, "may write only with a pod-bound ServiceAccount token"},
 	}
 	for _, tt := range tests {
-		err := tt.do()
-		switch {
-		case tt.wantDeny == "" && err != nil:
-			t.Errorf("%s: %v, want it allowed", tt.name, err)
-		case tt.wantDeny != "" && (err == nil || !strings.Contains(err.Error(), tt.wantDeny)):
-			t.Errorf("%s: %v, want a denial containing %q", tt.name, err, tt.wantDeny)
-		}
+		checkAnswer(t, tt.name, tt.do(), tt.wantDeny)
 	}
 	node, err := e.admin.CoreV1().Nodes().Get(ctx, "node-b", metav1.GetOptions{})
 	if err != nil {
@@ -272,5 +266,17 @@ func TestDevicePluginNodePolicy(t *testing.T) {
 	}
 	if _, changed := vgpu.RegisteredCondition(node); changed {
 		t.Error("node-b has a registration condition written by node-a's plugin")
+	}
+}
+
+// checkAnswer fails t unless err, the API server's answer to the write named name, is an
+// allowance when wantDeny is empty, or else a denial whose message contains wantDeny.
+func checkAnswer(t *testing.T, name string, err error, wantDeny string) {
+	t.Helper()
+	switch {
+	case wantDeny == "" && err != nil:
+		t.Errorf("%s: %v, want it allowed", name, err)
+	case wantDeny != "" && (err == nil || !strings.Contains(err.Error(), wantDeny)):
+		t.Errorf("%s: %v, want a denial containing %q", name, err, wantDeny)
 	}
 }

@@ -176,3 +176,29 @@ dra:
 
 {{/* The DRA driver's name: its ResourceSlices' driver and its DeviceClass (dra.DefaultDriverName). */}}
 {{- define "gpuslice.draDriverName" -}}gpuslice.hami.io{{- end -}}
+
+{{/* Policy variables otherConditions and statusKept of a Node status update: statusKept is true when
+the update changes no status field and no condition but GPUSliceRegistered (vgpu.ConditionRegistered).
+Include with nindent at the variables' indentation. */}}
+{{- define "gpuslice.nodeStatusKept" -}}
+- name: otherConditions
+  expression: >-
+    (has(object.status.conditions) ? object.status.conditions.filter(c, c.type != 'GPUSliceRegistered') : []) ==
+    (has(oldObject.status.conditions) ? oldObject.status.conditions.filter(c, c.type != 'GPUSliceRegistered') : [])
+- name: statusKept
+  expression: >-
+    variables.otherConditions &&
+    object.status.?capacity == oldObject.status.?capacity &&
+    object.status.?allocatable == oldObject.status.?allocatable &&
+    object.status.?phase == oldObject.status.?phase &&
+    object.status.?addresses == oldObject.status.?addresses &&
+    object.status.?daemonEndpoints == oldObject.status.?daemonEndpoints &&
+    object.status.?nodeInfo == oldObject.status.?nodeInfo &&
+    object.status.?images == oldObject.status.?images &&
+    object.status.?volumesInUse == oldObject.status.?volumesInUse &&
+    object.status.?volumesAttached == oldObject.status.?volumesAttached &&
+    object.status.?config == oldObject.status.?config &&
+    object.status.?runtimeHandlers == oldObject.status.?runtimeHandlers &&
+    object.status.?features == oldObject.status.?features &&
+    object.status.?declaredFeatures == oldObject.status.?declaredFeatures
+{{- end -}}
