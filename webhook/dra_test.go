@@ -110,6 +110,7 @@ func TestMutateDRA(t *testing.T) {
 		deny: `annotation hami.io/enforcement: is not served on DRA-mode nodes (the DRA driver publishes no enforcement attribute yet); remove it, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode; ` +
 			`spec.resourceClaims[name="gpuslice"]: the name is the claim gpuslice adds for the pod's hami.io resources; rename the pod's own claim`,
 	}, {
+		// vgpu's limit (MaxGPUContainersPerPod) is a claim's requests, so it refuses first.
 		name: "more GPU containers than a claim has requests",
 		pod: func() *corev1.Pod {
 			b := vgputest.Pod("p").Namespace("ml")
@@ -118,18 +119,24 @@ func TestMutateDRA(t *testing.T) {
 			}
 			return admitted(b.Obj(), std)
 		}(),
-		deny: `the pod has 33 GPU containers: on DRA-mode nodes each becomes a request of the pod's claim, which holds at most 32; ` +
-			`give fewer containers GPUs, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode`,
+		deny: `container "c32": hami.io/gpu=1: a pod may have at most 32 containers and init containers that ask for GPUs, and this is one more`,
 	}, {
 		name: "more GPUs in all than a claim is allocated",
 		pod:  admitted(vgputest.Pod("p").Namespace("ml").Container("a").GPU(16).Container("b").GPU(16).Container("c").GPU(1).Obj(), std),
 		deny: `the pod's containers ask for 33 GPUs (hami.io/gpu) in all: on DRA-mode nodes the pod's claim is allocated at most 32 devices; ` +
 			`ask for fewer, or select a device-plugin pool with nodeSelector gpuslice.hami.io/mode`,
 	}, {
-		name: "a model list whose selector is longer than a claim allows",
+		// vgpu's list limits keep a selector of printable models under the CEL limit, so they refuse first.
+		name: "a model list whose selector would be longer than a claim allows",
 		pod: admitted(vgputest.Pod("p").Namespace("ml").Annotation(vgpu.AnnotationGPUModelExclude, strings.TrimSuffix(strings.Repeat("m,", 200), ",")).
 			Container("main").GPU(1).Obj(), std),
-		deny: `annotation hami.io/gpu-model-exclude: its 200 entries make a CEL selector of 14799 bytes on DRA-mode nodes, where a selector has at most 10240; list fewer`,
+		deny: `hami.io/gpu-model-exclude="` + strings.Repeat("m,", 32) + `…" (399 bytes): must list at most 32 models, not 200`,
+	}, {
+		// Within vgpu's limits, control characters (four bytes each once quoted) still make too long a selector.
+		name: "a model list within vgpu's limits whose quoted selector is longer than a claim allows",
+		pod: admitted(vgputest.Pod("p").Namespace("ml").Annotation(vgpu.AnnotationGPUModel, strings.TrimSuffix(strings.Repeat(strings.Repeat("\x01", 96)+",", 32), ",")).
+			Container("main").GPU(1).Obj(), std),
+		deny: `annotation hami.io/gpu-model: its 32 entries make a CEL selector of 14620 bytes on DRA-mode nodes, where a selector has at most 10240; list fewer`,
 	}, {
 		name: "a container name the claim's request cannot have",
 		pod:  admitted(vgputest.Pod("p").Namespace("ml").Container("Main_1").GPU(1).Obj(), std),
