@@ -108,8 +108,12 @@ type allocator struct {
 	// as none.
 	enforcement vgpu.Enforcement
 	// nvidiaCDI is the NVIDIA toolkit's CDI device of each GPU, by UUID
-	// (handoff.NVIDIACDIDevices); used with the driver mechanism.
+	// (handoff.DetectDriverHook); used with the driver mechanism.
 	nvidiaCDI map[string]string
+	// driverUnverified says the driver mechanism is taken on the
+	// operator's word (handoff.DriverHookAssume); the enforcement events
+	// say so.
+	driverUnverified bool
 	// specLocks orders the writes of each CDI device's spec; preparing
 	// counts the specs being prepared in the background (prepare).
 	specLocks specLocks

@@ -129,6 +129,13 @@ type Config struct {
 	// NVIDIA CDI device of each of its GPUs found there, so the runtime
 	// applies the toolkit's edits and memory-limit hook. Empty: none.
 	NVIDIACDISpecs []string `json:"nvidiaCDISpecs,omitempty"`
+	// EnforcementDriverHook says how the node learns that the toolkit's
+	// memory-limit hook (nvidia-cdi-hook apply-cuda-memory-limits) runs,
+	// without which driver limits nothing: "detect" (the default) finds it
+	// in the NVIDIACDISpecs for every GPU, or the node does not qualify
+	// for driver; "assume" takes the operator's word, and the node's
+	// driver mechanism is reported unverified.
+	EnforcementDriverHook string `json:"enforcementDriverHook"`
 	// MPSControl is the MPS control binary, a path or a name looked up in
 	// PATH; the node qualifies for mps when it is found.
 	MPSControl string `json:"mpsControl"`
@@ -163,24 +170,25 @@ type Config struct {
 // NodeName defaults to the NODE_NAME environment variable.
 func DefaultConfig() Config {
 	return Config{
-		NodeName:           os.Getenv("NODE_NAME"),
-		ResourceName:       string(vgpu.ResourceGPU),
-		SplitCount:         DefaultSplitCount,
-		MemoryScaling:      DefaultMemoryScaling,
-		DevicePluginDir:    DefaultDevicePluginDir,
-		HeartbeatNamespace: vgpu.DefaultHeartbeatNamespace,
-		LeaseDuration:      metav1.Duration{Duration: DefaultLeaseDuration},
-		LeaseRenew:         metav1.Duration{Duration: DefaultLeaseRenew},
-		HealthCoolDown:     metav1.Duration{Duration: DefaultHealthCoolDown},
-		Mode:               ModeCDI,
-		CDISpecDir:         DefaultCDISpecDir,
-		PodResourcesSocket: DefaultPodResourcesSocket,
-		SharedCacheDir:     DefaultSharedCacheDir,
-		Enforcement:        handoff.EnforcementAuto,
-		NVIDIACDISpecs:     handoff.DefaultNVIDIACDISpecs(),
-		MPSControl:         handoff.DefaultMPSControl,
-		MPSDir:             handoff.DefaultMPSDir,
-		ProcDir:            DefaultProcDir,
+		NodeName:              os.Getenv("NODE_NAME"),
+		ResourceName:          string(vgpu.ResourceGPU),
+		SplitCount:            DefaultSplitCount,
+		MemoryScaling:         DefaultMemoryScaling,
+		DevicePluginDir:       DefaultDevicePluginDir,
+		HeartbeatNamespace:    vgpu.DefaultHeartbeatNamespace,
+		LeaseDuration:         metav1.Duration{Duration: DefaultLeaseDuration},
+		LeaseRenew:            metav1.Duration{Duration: DefaultLeaseRenew},
+		HealthCoolDown:        metav1.Duration{Duration: DefaultHealthCoolDown},
+		Mode:                  ModeCDI,
+		CDISpecDir:            DefaultCDISpecDir,
+		PodResourcesSocket:    DefaultPodResourcesSocket,
+		SharedCacheDir:        DefaultSharedCacheDir,
+		Enforcement:           handoff.EnforcementAuto,
+		NVIDIACDISpecs:        handoff.DefaultNVIDIACDISpecs(),
+		EnforcementDriverHook: handoff.DriverHookDetect,
+		MPSControl:            handoff.DefaultMPSControl,
+		MPSDir:                handoff.DefaultMPSDir,
+		ProcDir:               DefaultProcDir,
 	}
 }
 
@@ -251,6 +259,8 @@ func (c Config) Validate() error {
 		return vgpu.InvalidField("enforcement", c.Enforcement, "must be auto (the strongest the node has, the default) or one of "+vgpu.EnforcementList())
 	case c.Enforcement == string(vgpu.EnforcementHAMiCore) && c.HostLibVGPU == "":
 		return vgpu.InvalidField("enforcement", c.Enforcement, "needs hostLibVGPU, the host path of HAMi-core's libvgpu.so")
+	case !handoff.ValidDriverHook(c.EnforcementDriverHook):
+		return vgpu.InvalidField("enforcementDriverHook", c.EnforcementDriverHook, "must be detect (find the toolkit's memory-limit hook in its CDI specs, the default) or assume (take the operator's word)")
 	case c.Enforcement == string(vgpu.EnforcementMPS) && c.MPSControl == "":
 		return vgpu.InvalidField("enforcement", c.Enforcement, "needs mpsControl, the nvidia-cuda-mps-control binary")
 	case !cleanAbs(c.MPSDir):

@@ -41,5 +41,6 @@ func (c Config) EnforcementConfig() handoff.EnforcementConfig {
 		DisabledEnforcement: c.DisabledEnforcement,
 		HostLibVGPU:         c.HostLibVGPU,
 		MPSControl:          c.MPSControl,
+		DriverHook:          c.EnforcementDriverHook,
 	}
 }

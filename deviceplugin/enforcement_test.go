@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/clock"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -21,10 +22,14 @@ import (
 )
 
 func TestChooseEnforcement(t *testing.T) {
-	driver := handoff.NodeFacts{DriverVersion: "615.20.01", CgroupVersion: 2}
+	hook := handoff.DriverHook{Found: true}
+	noHook := handoff.DriverHook{Missing: "no NVIDIA container toolkit CDI spec found"}
+	driver := handoff.NodeFacts{DriverVersion: "615.20.01", CgroupVersion: 2, DriverHook: hook}
 	mps := handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
-	all := handoff.NodeFacts{DriverVersion: "620.1", CgroupVersion: 2, MPSControl: "/usr/bin/nvidia-cuda-mps-control"}
+	all := handoff.NodeFacts{DriverVersion: "620.1", CgroupVersion: 2, MPSControl: "/usr/bin/nvidia-cuda-mps-control", DriverHook: hook}
+	unhooked := handoff.NodeFacts{DriverVersion: "615.20.01", CgroupVersion: 2, DriverHook: noHook}
 	lib := func(c *Config) { c.HostLibVGPU = "/opt/hami/libvgpu.so" }
+	assume := func(c *Config) { c.EnforcementDriverHook = handoff.DriverHookAssume }
 	tests := []struct {
 		name          string
 		mutate        func(*Config)
@@ -37,6 +42,14 @@ func TestChooseEnforcement(t *testing.T) {
 		{name: "nothing", want: vgpu.EnforcementNone, wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "R615 on cgroup v2", facts: driver, want: vgpu.EnforcementDriver,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}, wantForcedOK: true},
+		{name: "R615 on cgroup v2 without the memory-limit hook does not qualify", facts: unhooked, want: vgpu.EnforcementNone,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
+		{name: "without the hook the next mechanism is taken", mutate: lib, facts: unhooked, want: vgpu.EnforcementHAMiCore,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementHAMiCore, vgpu.EnforcementNone}, wantForcedOK: true},
+		{name: "the hook assumed", mutate: assume, facts: unhooked, want: vgpu.EnforcementDriver,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}, wantForcedOK: true},
+		{name: "an assumed hook needs the driver too", mutate: assume, facts: handoff.NodeFacts{DriverVersion: "580.95.05", CgroupVersion: 2}, want: vgpu.EnforcementNone,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "R615 on cgroup v1 does not qualify", facts: handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 1}, want: vgpu.EnforcementNone,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "an older driver on cgroup v2 does not qualify", facts: handoff.NodeFacts{DriverVersion: "580.95.05", CgroupVersion: 2}, want: vgpu.EnforcementNone,
@@ -52,8 +65,12 @@ func TestChooseEnforcement(t *testing.T) {
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementHAMiCore, vgpu.EnforcementMPS, vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "forced none", mutate: func(c *Config) { c.Enforcement = "none" }, facts: all, want: vgpu.EnforcementNone,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementMPS, vgpu.EnforcementNone}, wantForcedOK: true},
-		{name: "forced driver on a node that does not qualify", mutate: func(c *Config) { c.Enforcement = "driver" }, facts: mps, want: vgpu.EnforcementDriver,
+		{name: "forced driver on a node whose driver does not qualify", mutate: func(c *Config) { c.Enforcement = "driver" }, facts: handoff.NodeFacts{DriverVersion: "550.54.15", MPSControl: "/usr/bin/nvidia-cuda-mps-control", DriverHook: hook}, want: vgpu.EnforcementDriver,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementMPS, vgpu.EnforcementNone}},
+		{name: "forced driver without the hook", mutate: func(c *Config) { c.Enforcement = "driver" }, facts: unhooked, wantErr: handoff.ErrDriverHookMissing,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementNone}},
+		{name: "forced driver with the hook assumed", mutate: func(c *Config) { c.Enforcement = "driver"; assume(c) }, facts: unhooked, want: vgpu.EnforcementDriver,
+			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}, wantForcedOK: true},
 		{name: "forced mps without the binary", mutate: func(c *Config) { c.Enforcement = "mps" }, facts: driver, wantErr: handoff.ErrMPSUnavailable,
 			wantQualified: []vgpu.Enforcement{vgpu.EnforcementDriver, vgpu.EnforcementNone}},
 	}
@@ -276,22 +293,119 @@ func injectAll(t *testing.T, dirs []string, devices ...string) ociResult {
 	return got
 }
 
-func TestNVIDIACDIDevices(t *testing.T) {
-	dir := t.TempDir()
-	byUUID := strings.NewReplacer(`name: "0"`, `name: "`+gpuA+`"`).Replace(string(readFile(t, nvidiaSpec)))
-	if err := os.WriteFile(filepath.Join(dir, "nvidia-a.yaml"), []byte(byUUID), 0o600); err != nil {
-		t.Fatal(err)
+// TestDriverNeedsMemoryLimitHook: a node with the driver and cgroup for
+// driver qualifies for it only when the NVIDIA toolkit's CDI specs run the
+// memory-limit hook for every GPU, or when the operator says to assume it
+// (then driver is unverified, and the enforcement events say so);
+// otherwise the next mechanism is taken and the log and Node event say why.
+func TestDriverNeedsMemoryLimitHook(t *testing.T) {
+	spec := string(readFile(t, nvidiaSpec))
+	hookless := spec[:strings.Index(spec, "containerEdits:\n  hooks:")]
+	byUUID := strings.NewReplacer(`name: "0"`, `name: "`+gpuA+`"`).Replace(spec)
+	deviceHook := hookless
+	for _, i := range []string{"0", "1"} {
+		deviceHook = strings.Replace(deviceHook, `env: ["NVIDIA_TOOLKIT_GPU=`+i+`"]`,
+			`{env: ["NVIDIA_TOOLKIT_GPU=`+i+`"], hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, apply-cuda-memory-limits, --gpu-id=`+i+`]}]}`, 1)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nvidia-b.yaml"), []byte("not: [a spec"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	got, err := handoff.NVIDIACDIDevices([]string{filepath.Join(dir, "nvidia*.yaml"), filepath.Join(dir, "none*.json")}, handoffGPUs())
-	if err == nil || !strings.Contains(err.Error(), "nvidia-b.yaml") {
-		t.Errorf("handoff.NVIDIACDIDevices() error = %v, want one naming nvidia-b.yaml", err)
-	}
-	want := map[string]string{gpuA: "nvidia.com/gpu=" + gpuA, gpuB: "nvidia.com/gpu=1"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("handoff.NVIDIACDIDevices (-want +got):\n%s", diff)
+	oneGPU := strings.Replace(spec, `name: "1"`, `name: "9"`, 1)
+	driver := handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}
+	tests := []struct {
+		name       string
+		specs      map[string]string // file name: content
+		mutate     func(*Config)
+		want       vgpu.Enforcement
+		unverified bool
+		// wantEvent starts the Node event's type and message.
+		wantEvent string
+		// wantPodEvent is in the event of a container start.
+		wantPodEvent string
+		wantDevices  map[string]string
+	}{{
+		name: "no toolkit spec", want: vgpu.EnforcementNone,
+		wantEvent:    "Warning GPUEnforcement enforcement none; driver is not offered: no NVIDIA container toolkit CDI spec found",
+		wantPodEvent: "enforcement none",
+	}, {
+		name: "a spec without the hook", specs: map[string]string{"nvidia.yaml": hookless}, want: vgpu.EnforcementNone,
+		wantEvent:    "Warning GPUEnforcement enforcement none; driver is not offered: the NVIDIA container toolkit CDI specs do not run nvidia-cdi-hook apply-cuda-memory-limits for GPU " + gpuA + ", " + gpuB,
+		wantPodEvent: "enforcement none",
+	}, {
+		name: "a spec without the hook: the next mechanism", specs: map[string]string{"nvidia.yaml": hookless},
+		mutate: func(c *Config) { c.HostLibVGPU = "/opt/hami/libvgpu.so" }, want: vgpu.EnforcementHAMiCore,
+		wantEvent:    "Warning GPUEnforcement enforcement hami-core; driver is not offered: the NVIDIA container toolkit CDI specs do not run",
+		wantPodEvent: "enforcement hami-core",
+	}, {
+		name: "a spec that names one GPU of two", specs: map[string]string{"nvidia.yaml": oneGPU}, want: vgpu.EnforcementNone,
+		wantEvent:    "Warning GPUEnforcement enforcement none; driver is not offered: the NVIDIA container toolkit CDI specs name no device for GPU " + gpuB,
+		wantPodEvent: "enforcement none",
+	}, {
+		name: "the spec's hook", specs: map[string]string{"nvidia.yaml": spec}, want: vgpu.EnforcementDriver,
+		wantEvent:    "Normal GPUEnforcement enforcement driver: the NVIDIA toolkit's CDI specs run nvidia-cdi-hook apply-cuda-memory-limits for every GPU",
+		wantPodEvent: "enforcement driver: the NVIDIA driver limits GPU memory",
+		wantDevices:  map[string]string{gpuA: "nvidia.com/gpu=0", gpuB: "nvidia.com/gpu=1"},
+	}, {
+		name: "the hook in each device", specs: map[string]string{"nvidia.yaml": deviceHook}, want: vgpu.EnforcementDriver,
+		wantEvent:    "Normal GPUEnforcement enforcement driver",
+		wantPodEvent: "enforcement driver: the NVIDIA driver limits GPU memory",
+		wantDevices:  map[string]string{gpuA: "nvidia.com/gpu=0", gpuB: "nvidia.com/gpu=1"},
+	}, {
+		name: "devices by UUID; the first spec that names a GPU wins", specs: map[string]string{"nvidia-a.yaml": byUUID, "nvidia-b.yaml": oneGPU},
+		want: vgpu.EnforcementDriver, wantEvent: "Normal GPUEnforcement enforcement driver",
+		wantPodEvent: "enforcement driver: the NVIDIA driver limits GPU memory",
+		wantDevices:  map[string]string{gpuA: "nvidia.com/gpu=" + gpuA, gpuB: "nvidia.com/gpu=1"},
+	}, {
+		name: "assumed", mutate: func(c *Config) { c.EnforcementDriverHook = handoff.DriverHookAssume }, want: vgpu.EnforcementDriver, unverified: true,
+		wantEvent:    "Warning GPUEnforcement enforcement driver (unverified: no NVIDIA container toolkit CDI spec found",
+		wantPodEvent: "enforcement driver, unverified:",
+		wantDevices:  map[string]string{},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, content := range tt.specs {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := newHandoff(t, func(c *Config) {
+				c.FakeGPUs = "2xA100-80GB"
+				c.NVIDIACDISpecs = []string{filepath.Join(dir, "nvidia*.yaml")}
+				if tt.mutate != nil {
+					tt.mutate(c)
+				}
+			})
+			c, err := chooseEnforcement(ktesting.NewLogger(t, ktesting.DefaultConfig), f.cfg, driver, handoffGPUs())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.mech != tt.want || c.unverified() != tt.unverified {
+				t.Errorf("mechanism %s, unverified %v; want %s, %v (driver: %+v)", c.mech, c.unverified(), tt.want, tt.unverified, c.driver)
+			}
+			if diff := cmp.Diff(tt.wantDevices, c.nvidiaCDI()); diff != "" {
+				t.Errorf("NVIDIA CDI devices (-want +got):\n%s", diff)
+			}
+
+			events := record.NewFakeRecorder(1)
+			p := &Plugin{cfg: f.cfg, events: events}
+			p.enforcementNodeEvent(c)
+			if ev := <-events.Events; !strings.HasPrefix(ev, tt.wantEvent) {
+				t.Errorf("Node event %q, want one starting with %q", ev, tt.wantEvent)
+			}
+
+			f.useFacts(driver)
+			alloc := vgputest.Allocation("node-1").Container("main").Slice(gpuA, 4096, 0).Obj()
+			f.addPod(gpuPod("p", time.Now(), &alloc, "main"))
+			id := DeviceID(gpuA, 0)
+			if _, err := f.allocate(id); err != nil {
+				t.Fatal(err)
+			}
+			f.podRes.hold("default", "p", "main", id)
+			if err := f.preStart(id); err != nil {
+				t.Fatal(err)
+			}
+			if ev := f.event(); !strings.Contains(ev, tt.wantPodEvent) {
+				t.Errorf("pod event %q, want one containing %q", ev, tt.wantPodEvent)
+			}
+		})
 	}
 }
 

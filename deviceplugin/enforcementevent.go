@@ -15,7 +15,7 @@ func (a *allocator) reportEnforcement(ref containerRef, pod *corev1.Pod, ca vgpu
 	if a.events == nil || pod == nil {
 		return
 	}
-	a.events.Eventf(pod, corev1.EventTypeNormal, handoff.ReasonEnforced, "container %s: %s", ref.Container, enforcementMessage(a.enforcement, a.cfg.NodeName, ca))
+	a.events.Eventf(pod, corev1.EventTypeNormal, handoff.ReasonEnforced, "container %s: %s", ref.Container, enforcementMessage(a.enforcement, a.driverUnverified, a.cfg.NodeName, ca))
 }
 
 // reportEnforcementFromView is reportEnforcement for a container whose pod
@@ -37,8 +37,9 @@ func (a *allocator) reportEnforcementFromView(ref containerRef) {
 }
 
 // enforcementMessage says, for a person, what guards a container holding
-// ca on node under mechanism mech.
-func enforcementMessage(mech vgpu.Enforcement, node string, ca vgpu.ContainerAllocation) string {
+// ca on node under mechanism mech; unverified marks a driver mechanism
+// taken on the operator's word.
+func enforcementMessage(mech vgpu.Enforcement, unverified bool, node string, ca vgpu.ContainerAllocation) string {
 	if len(ca.GPUs) == 0 {
 		return "no GPU slice"
 	}
@@ -48,6 +49,8 @@ func enforcementMessage(mech vgpu.Enforcement, node string, ca vgpu.ContainerAll
 		return fmt.Sprintf("enforcement none: node %s uses MPS, which serves containers on one GPU; this one has %d, so its limits are only in its environment", node, len(ca.GPUs))
 	case !mech.Guards():
 		return fmt.Sprintf("enforcement none: node %s has no enforcement mechanism; the limits (%d MiB per GPU) are only in the environment", node, s.MemoryMiB)
+	case mech == vgpu.EnforcementDriver && unverified:
+		return fmt.Sprintf("enforcement driver, unverified: the NVIDIA driver limits GPU memory to %d MiB per GPU (%s) if the runtime runs the toolkit's memory-limit hook, which no CDI spec on node %s shows (enforcementDriverHook=assume); compute is not limited", handoff.MinMemoryMiB(ca), handoff.EnvGPUMemoryLimit, node)
 	case mech == vgpu.EnforcementDriver:
 		return fmt.Sprintf("enforcement driver: the NVIDIA driver limits GPU memory to %d MiB per GPU (%s); compute is not limited", handoff.MinMemoryMiB(ca), handoff.EnvGPUMemoryLimit)
 	case mech == vgpu.EnforcementHAMiCore:

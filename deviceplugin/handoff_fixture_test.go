@@ -223,18 +223,15 @@ func (f *handoffFixture) apiServerDown() {
 }
 
 // useFacts makes the allocator enforce what the plugin would pick on a
-// node with facts, as Run does: the mechanism and, for driver, the NVIDIA
-// CDI devices found through cfg.NVIDIACDISpecs.
+// node with facts, as Run does (chooseEnforcement): the mechanism and, for
+// driver, the NVIDIA CDI devices found through cfg.NVIDIACDISpecs.
 func (f *handoffFixture) useFacts(facts handoff.NodeFacts) {
 	f.t.Helper()
-	mech, _, err := handoff.ChooseEnforcement(f.cfg.EnforcementConfig(), facts)
+	c, err := chooseEnforcement(ktesting.NewLogger(f.t, ktesting.DefaultConfig), f.cfg, facts, handoffGPUs())
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.alloc.enforcement = mech
-	if f.alloc.nvidiaCDI, err = handoff.NVIDIACDIDevices(f.cfg.NVIDIACDISpecs, handoffGPUs()); err != nil {
-		f.t.Fatal(err)
-	}
+	f.alloc.enforcement, f.alloc.nvidiaCDI, f.alloc.driverUnverified = c.mech, c.nvidiaCDI(), c.unverified()
 }
 
 // gpuPod returns a pod bound to node-1 with allocation alloc (nil: none),

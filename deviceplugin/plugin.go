@@ -175,8 +175,10 @@ func (p *Plugin) setRegistrationLocked(r registration) {
 // only when it cannot start at all (GPU listing fails, the device-plugin,
 // state or CDI spec folder cannot be used, a forced enforcement mechanism
 // is missing). It picks the node's enforcement mechanism (Config.Enforcement,
-// Options.Facts), publishes it with the inventory and, for mps, supervises
-// one MPS control daemon per GPU. In the background it watches
+// Options.Facts, the NVIDIA toolkit's CDI specs: chooseEnforcement),
+// publishes it with the inventory, records it on the Node (with why driver
+// is not used or not verified) and, for mps, supervises one MPS control
+// daemon per GPU. In the background it watches
 // the node's pods (with Options.Client) and collects stale CDI specs.
 func (p *Plugin) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("resource", p.cfg.ResourceName, "node", p.cfg.NodeName)
@@ -190,19 +192,21 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mech, qualified, err := handoff.ChooseEnforcement(p.cfg.EnforcementConfig(), p.opts.Facts)
+	enf, err := chooseEnforcement(logger, p.cfg, p.opts.Facts, inv.node.GPUs)
 	if err != nil {
 		return err
 	}
+	mech := enf.mech
 	inv.node.Enforcement = mech
 	p.inv.Store(inv)
 	node, _, _ := inv.snapshot()
-	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "devices", len(node.GPUs)*p.cfg.SplitCount)
-	logger.Info("Enforcement", "mechanism", mech, "qualifies", handoff.QualifiedEnforcements(p.cfg.EnforcementConfig(), p.opts.Facts),
-		"driverVersion", p.opts.Facts.DriverVersion, "cgroupVersion", p.opts.Facts.CgroupVersion, "mpsControl", p.opts.Facts.MPSControl)
-	if !qualified {
-		logger.Info("Warning: the enforcement mechanism is forced on a node that does not qualify for it", "mechanism", mech)
+	unhealthy := 0
+	for _, g := range node.GPUs {
+		if g.Health != vgpu.Healthy {
+			unhealthy++
+		}
 	}
+	logger.Info("Advertising GPUs", "gpus", len(node.GPUs), "excluded", len(gpus)-len(node.GPUs), "unhealthy", unhealthy, "devices", len(node.GPUs)*p.cfg.SplitCount)
 
 	if err := os.MkdirAll(p.cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device-plugin folder: %w", err)
@@ -226,6 +230,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		p.events = w
 		wg.Go(func() { w.Run(ctx) })
 	}
+	p.enforcementNodeEvent(enf)
 	wg.Go(func() { p.watchHealth(ctx, inv) })
 	if p.opts.Client != nil {
 		pub, err := publish.New(p.opts.Client, p.publishConfig(), publishSource{p: p, inv: inv}, p.opts.Clock)
@@ -243,15 +248,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		cancel()
 		return err
 	}
-	alloc.enforcement = mech
-	if mech == vgpu.EnforcementDriver {
-		found, err := handoff.NVIDIACDIDevices(p.cfg.NVIDIACDISpecs, node.GPUs)
-		if err != nil {
-			logger.Error(err, "Reading the NVIDIA CDI specs")
-		}
-		alloc.nvidiaCDI = found
-		logger.Info("NVIDIA CDI devices", "found", len(found), "gpus", len(node.GPUs))
-	}
+	alloc.enforcement, alloc.nvidiaCDI, alloc.driverUnverified = mech, enf.nvidiaCDI(), enf.unverified()
 	p.alloc.Store(alloc)
 	wg.Go(func() {
 		<-ctx.Done()

@@ -128,20 +128,21 @@ func TestHandoffFlags(t *testing.T) {
 }
 
 // TestNodeFactsOfFakeGPUs: fake GPUs report their spec's facts, so that the
-// plugin picks the mechanism a real node with those facts would.
+// plugin picks the mechanism a real node with those facts would: driver
+// only once the toolkit's memory-limit hook is found too (hooked).
 func TestNodeFactsOfFakeGPUs(t *testing.T) {
 	mps := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
 	if err := os.WriteFile(mps, []byte("#!/bin/sh\n"), 0o700); err != nil { //nolint:gosec // G306: an executable for the test.
 		t.Fatal(err)
 	}
 	tests := []struct {
-		spec string
-		want handoff.NodeFacts
-		mech vgpu.Enforcement
+		spec         string
+		want         handoff.NodeFacts
+		mech, hooked vgpu.Enforcement
 	}{
-		{"2xA100-80GB;driver=615.20;cgroup=2", handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}, vgpu.EnforcementDriver},
-		{"1xT4-16GB;mps;cgroup=1", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: mps}, vgpu.EnforcementMPS},
-		{"1xT4-16GB;cgroup=2", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 2}, vgpu.EnforcementNone},
+		{"2xA100-80GB;driver=615.20;cgroup=2", handoff.NodeFacts{DriverVersion: "615.20", CgroupVersion: 2}, vgpu.EnforcementNone, vgpu.EnforcementDriver},
+		{"1xT4-16GB;mps;cgroup=1", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 1, MPSControl: mps}, vgpu.EnforcementMPS, vgpu.EnforcementMPS},
+		{"1xT4-16GB;cgroup=2", handoff.NodeFacts{DriverVersion: "550.54.15", CgroupVersion: 2}, vgpu.EnforcementNone, vgpu.EnforcementNone},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -163,6 +164,10 @@ func TestNodeFactsOfFakeGPUs(t *testing.T) {
 			}
 			if q := handoff.QualifiedEnforcements(cfg.EnforcementConfig(), got); q[0] != tt.mech {
 				t.Errorf("QualifiedEnforcements = %v, want %s first", q, tt.mech)
+			}
+			got.DriverHook.Found = true
+			if q := handoff.QualifiedEnforcements(cfg.EnforcementConfig(), got); q[0] != tt.hooked {
+				t.Errorf("QualifiedEnforcements with the memory-limit hook = %v, want %s first", q, tt.hooked)
 			}
 		})
 	}

@@ -38,6 +38,14 @@ const (
 	// EnforcementAuto is the default Config.Enforcement: the strongest
 	// mechanism the node qualifies for that is not disabled.
 	EnforcementAuto = "auto"
+	// DriverHookDetect is the default EnforcementConfig.DriverHook: the
+	// node qualifies for driver only when the toolkit's CDI specs run
+	// MemoryLimitHook for every GPU (NodeFacts.DriverHook).
+	DriverHookDetect = "detect"
+	// DriverHookAssume takes the operator's word that the hook runs (for a
+	// runtime that applies the toolkit's edits some other way); the node's
+	// driver mechanism is then reported unverified.
+	DriverHookAssume = "assume"
 	// DefaultMPSControl is the MPS control binary, looked up in PATH.
 	DefaultMPSControl = "nvidia-cuda-mps-control"
 	// DefaultMPSDir is the host folder of the MPS daemons' pipes and logs.
@@ -72,6 +80,9 @@ type NodeFacts struct {
 	// MPSControl is the path of nvidia-cuda-mps-control; empty when the
 	// node has none.
 	MPSControl string
+	// DriverHook is what the NVIDIA toolkit's CDI specs offer the GPUs
+	// (DetectDriverHook); the zero value offers no hook.
+	DriverHook DriverHook
 }
 
 // DetectNodeFacts reads the node: the cgroup version from the file system
@@ -119,16 +130,70 @@ type EnforcementConfig struct {
 	HostLibVGPU string
 	// MPSControl is the configured MPS control binary, named in errors.
 	MPSControl string
+	// DriverHook says how the node learns that the toolkit's memory-limit
+	// hook runs: DriverHookDetect (or empty) from NodeFacts.DriverHook,
+	// DriverHookAssume on the operator's word.
+	DriverHook string
+}
+
+// DriverQualification says whether a node qualifies for the driver
+// mechanism (QualifyDriver).
+type DriverQualification struct {
+	// Qualifies says the node may use driver.
+	Qualifies bool
+	// Unverified says it qualifies on the operator's word
+	// (DriverHookAssume) with no CDI spec showing the hook.
+	Unverified bool
+	// Reason says, for a person, why it does not qualify, or why it is
+	// unverified; empty when it qualifies and the hook was found.
+	Reason string
+}
+
+// QualifyDriver says whether a node with facts f and configuration cfg
+// qualifies for the driver mechanism: a driver of R615 or later, cgroup
+// v2, and the toolkit's memory-limit hook for every GPU, found in its CDI
+// specs (f.DriverHook) or assumed (cfg.DriverHook DriverHookAssume). Pure.
+func QualifyDriver(cfg EnforcementConfig, f NodeFacts) DriverQualification {
+	major, ok := driverMajor(f.DriverVersion)
+	switch {
+	case !ok:
+		return DriverQualification{Reason: fmt.Sprintf("the NVIDIA driver version %q is unknown; driver needs R%d or later", f.DriverVersion, MinDriverMajorForMemoryLimits)}
+	case major < MinDriverMajorForMemoryLimits:
+		return DriverQualification{Reason: fmt.Sprintf("the NVIDIA driver %s is older than R%d", f.DriverVersion, MinDriverMajorForMemoryLimits)}
+	case f.CgroupVersion != 2:
+		return DriverQualification{Reason: fmt.Sprintf("the node runs cgroup v%d; driver needs cgroup v2", f.CgroupVersion)}
+	}
+	return qualifyDriverHook(cfg, f)
+}
+
+// qualifyDriverHook is QualifyDriver's answer about the hook alone.
+func qualifyDriverHook(cfg EnforcementConfig, f NodeFacts) DriverQualification {
+	if f.DriverHook.Found {
+		return DriverQualification{Qualifies: true}
+	}
+	missing := f.DriverHook.Missing
+	if missing == "" {
+		missing = "the NVIDIA container toolkit CDI specs were not checked"
+	}
+	if cfg.DriverHook == DriverHookAssume {
+		return DriverQualification{Qualifies: true, Unverified: true, Reason: "unverified: " + missing + "; enforcementDriverHook=assume takes the memory-limit hook on the operator's word"}
+	}
+	return DriverQualification{Reason: missing + ", so nothing applies the driver's memory limit (enforcementDriverHook=assume takes the operator's word that the runtime runs it)"}
+}
+
+// ValidDriverHook reports whether s is an EnforcementConfig.DriverHook
+// value: empty, DriverHookDetect or DriverHookAssume.
+func ValidDriverHook(s string) bool {
+	return s == "" || s == DriverHookDetect || s == DriverHookAssume
 }
 
 // QualifiedEnforcements returns the mechanisms a node with facts f and
 // configuration cfg can use, from the strongest, always ending with
-// vgpu.EnforcementNone: driver with a driver of R615 or later on cgroup
-// v2, hami-core when cfg.HostLibVGPU is set, mps when the MPS control
-// binary was found. Pure.
+// vgpu.EnforcementNone: driver when QualifyDriver says so, hami-core when
+// cfg.HostLibVGPU is set, mps when the MPS control binary was found. Pure.
 func QualifiedEnforcements(cfg EnforcementConfig, f NodeFacts) []vgpu.Enforcement {
 	var out []vgpu.Enforcement
-	if major, ok := driverMajor(f.DriverVersion); ok && major >= MinDriverMajorForMemoryLimits && f.CgroupVersion == 2 {
+	if QualifyDriver(cfg, f).Qualifies {
 		out = append(out, vgpu.EnforcementDriver)
 	}
 	if cfg.HostLibVGPU != "" {
@@ -140,22 +205,32 @@ func QualifiedEnforcements(cfg EnforcementConfig, f NodeFacts) []vgpu.Enforcemen
 	return append(out, vgpu.EnforcementNone)
 }
 
-// ErrMPSUnavailable means enforcement mps was forced on a node without the
-// MPS control binary.
-var ErrMPSUnavailable = errors.New("enforcement=mps: the MPS control binary was not found")
+var (
+	// ErrMPSUnavailable means enforcement mps was forced on a node without
+	// the MPS control binary.
+	ErrMPSUnavailable = errors.New("enforcement=mps: the MPS control binary was not found")
+	// ErrDriverHookMissing means enforcement driver was forced on a node
+	// whose NVIDIA toolkit CDI specs do not run the memory-limit hook, with
+	// enforcementDriverHook other than assume.
+	ErrDriverHookMissing = errors.New("enforcement=driver: nothing applies the driver's memory limit")
+)
 
 // ChooseEnforcement returns the node's mechanism: the forced one
 // (cfg.Enforcement other than auto), or the first of
 // QualifiedEnforcements that cfg.DisabledEnforcement does not list. A
-// forced mps needs the MPS binary (ErrMPSUnavailable); a forced driver
-// mechanism is taken on the operator's word (qualified says whether
-// detection agrees).
+// forced mps needs the MPS binary (ErrMPSUnavailable) and a forced driver
+// the memory-limit hook, found or assumed (ErrDriverHookMissing); the
+// driver version and cgroup of a forced driver are taken on the
+// operator's word (qualified says whether detection agrees).
 func ChooseEnforcement(cfg EnforcementConfig, f NodeFacts) (e vgpu.Enforcement, qualified bool, err error) {
 	all := QualifiedEnforcements(cfg, f)
 	if cfg.Enforcement != EnforcementAuto {
 		e = vgpu.Enforcement(cfg.Enforcement)
 		if e == vgpu.EnforcementMPS && f.MPSControl == "" {
 			return "", false, fmt.Errorf("%w (mpsControl=%q)", ErrMPSUnavailable, cfg.MPSControl)
+		}
+		if h := qualifyDriverHook(cfg, f); e == vgpu.EnforcementDriver && !h.Qualifies {
+			return "", false, fmt.Errorf("%w: %s", ErrDriverHookMissing, h.Reason)
 		}
 		return e, slices.Contains(all, e), nil
 	}

@@ -53,7 +53,8 @@ func startPlugin(t *testing.T, dir string, client deviceplugin.API) *runningPlug
 
 // startPluginWith is startPlugin with configuration changes. By default the
 // plugin's CDI specs and state live in dir (the kubelet deletes only
-// sockets there) and nothing serves its PodResources socket. As the binary
+// sockets there), nothing serves its PodResources socket, and the fake
+// GPUs (cfg.FakeGPUs) give the node facts. As the binary
 // does, the GPU backend records GPUs that need a reset in the state folder,
 // and with cfg.FakeGPUFaultsDir the fake GPUs keep their state in that
 // folder and take faults from it.
@@ -70,10 +71,14 @@ func startPluginWith(t *testing.T, dir string, client deviceplugin.API, mutate f
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	fake, err := nvidia.NewFake(fakeGPUs, nodeName)
+	fake, err := nvidia.NewFake(cfg.FakeGPUs, nodeName)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The node facts of the spec, as the binary takes them (a ";cgroup=…"
+	// fact, else unknown).
+	ff := fake.Facts()
+	facts := handoff.NodeFacts{DriverVersion: ff.DriverVersion, CgroupVersion: ff.CgroupVersion}
 	if cfg.FakeGPUFaultsDir != "" {
 		if err := fake.KeepStateIn(cfg.FakeGPUFaultsDir); err != nil {
 			t.Fatal(err)
@@ -84,7 +89,7 @@ func startPluginWith(t *testing.T, dir string, client deviceplugin.API, mutate f
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: "test"})
+	p, err := deviceplugin.New(cfg, backend, deviceplugin.Options{Client: client, PluginVersion: "test", Facts: facts})
 	if err != nil {
 		t.Fatal(err)
 	}
