@@ -23,6 +23,11 @@ const (
 	// staleCheckInterval re-checks the sockets even without folder events,
 	// in case an event was lost (e.g. the folder itself was re-created).
 	staleCheckInterval = 5 * time.Second
+	// listTimeout bounds the wait for the kubelet's ListAndWatch after it
+	// accepted Register. The kubelet opens the stream at once; one that
+	// does not within this time never will (its call failed), and only a
+	// new registration recovers.
+	listTimeout = 10 * time.Second
 )
 
 // errSocketGone means the plugin's own socket vanished before registration
@@ -147,9 +152,31 @@ func registerOnce(ctx context.Context, ep *endpoint, kubeletSocket, name, resour
 	}
 }
 
+// waitListed blocks until the kubelet that accepted ep's registration has
+// received ep's first device list and returns "", or returns why the
+// round is over first (see waitStale), or that the kubelet did not open
+// ListAndWatch within listTimeout. Between Register and that first list
+// the kubelet has no devices for the resource (none at all after a
+// kubelet restart), so a pod it admits then fails with
+// UnexpectedAdmissionError: the plugin does not call itself registered
+// before.
+func (p *Plugin) waitListed(ctx context.Context, ep *endpoint, kubelet os.FileInfo, dir *dirWatch) string {
+	timer := p.opts.Clock.NewTimer(listTimeout)
+	defer timer.Stop()
+	return p.watchRound(ctx, ep, kubelet, dir, ep.listed, timer.C())
+}
+
 // waitStale blocks until the registration of ep is no longer valid and says
 // why, or until ctx ends.
 func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInfo, dir *dirWatch) string {
+	return p.watchRound(ctx, ep, kubelet, dir, nil, nil)
+}
+
+// watchRound blocks until ep's round is over and says why: a socket
+// removed or re-created, ctx ended, a re-registration asked, the stream
+// ended or the server stopped. It returns "" when done closes first, and
+// a timeout's reason when deadline fires first; nil channels never do.
+func (p *Plugin) watchRound(ctx context.Context, ep *endpoint, kubelet os.FileInfo, dir *dirWatch, done <-chan struct{}, deadline <-chan time.Time) string {
 	kubeletSocket := filepath.Join(p.cfg.DevicePluginDir, kubeletSocketName)
 	ticker := p.opts.Clock.NewTicker(staleCheckInterval)
 	defer ticker.Stop()
@@ -173,6 +200,10 @@ func (p *Plugin) waitStale(ctx context.Context, ep *endpoint, kubelet os.FileInf
 			return "kubelet ended ListAndWatch"
 		case <-ep.served:
 			return "gRPC server stopped"
+		case <-done:
+			return ""
+		case <-deadline:
+			return fmt.Sprintf("the kubelet did not open ListAndWatch within %v of accepting the registration", listTimeout)
 		case <-dir.changed:
 		case <-ticker.C():
 		}

@@ -2,17 +2,14 @@ package deviceplugin
 
 import (
 	"context"
-	"net"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -24,26 +21,6 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
-
-// fakeRegistration is a kubelet Registration service that refuses the
-// first refuse calls and accepts the rest. It does not dial the plugin
-// back: the real kubelet's side is tested in test/deviceplugin.
-type fakeRegistration struct {
-	pluginapi.UnimplementedRegistrationServer
-	mu     sync.Mutex
-	refuse int
-	calls  int
-}
-
-func (f *fakeRegistration) Register(context.Context, *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls++
-	if f.calls <= f.refuse {
-		return nil, status.Error(codes.Unknown, "fake kubelet: refused")
-	}
-	return &pluginapi.Empty{}, nil
-}
 
 // eventBackend serves fixed GPUs and forwards the health events a test
 // sends.
@@ -75,14 +52,7 @@ func (b *eventBackend) WatchHealth(ctx context.Context, out chan<- vgpu.HealthEv
 // which follows a device fault.
 func TestMetricsLifecycle(t *testing.T) {
 	dir := t.TempDir()
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "unix", filepath.Join(dir, kubeletSocketName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubelet := grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(kubelet, &fakeRegistration{refuse: 1})
-	go func() { _ = kubelet.Serve(ln) }()
-	defer kubelet.Stop()
+	newFakeKubelet(t, dir, 1, true)
 
 	cfg := validConfig()
 	cfg.DevicePluginDir, cfg.CDISpecDir, cfg.StateDir = dir, t.TempDir(), t.TempDir()

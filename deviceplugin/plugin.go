@@ -232,14 +232,21 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	p.enforcementNodeEvent(enf)
 	wg.Go(func() { p.watchHealth(ctx, inv) })
+	// published is closed once the publisher has made its last write, the
+	// node marked not ready, after ctx ends.
+	published := make(chan struct{})
 	if p.opts.Client != nil {
 		pub, err := publish.New(p.opts.Client, p.publishConfig(), publishSource{p: p, inv: inv}, p.opts.Clock)
 		if err != nil {
 			cancel()
 			return err
 		}
-		wg.Go(func() { pub.Run(ctx) })
+		wg.Go(func() {
+			defer close(published)
+			pub.Run(ctx)
+		})
 	} else {
+		close(published)
 		logger.Info("No API server configured: inventory, heartbeat and ready label are not published")
 	}
 
@@ -262,7 +269,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 
 	var lastStale string
 	for round := 1; ctx.Err() == nil; round++ {
-		if err := p.serveRound(ctx, round, inv, alloc, dir, &lastStale); err != nil {
+		if err := p.serveRound(ctx, round, inv, alloc, dir, published, &lastStale); err != nil {
 			cancel()
 			return err
 		}
@@ -270,11 +277,15 @@ func (p *Plugin) Run(ctx context.Context) error {
 	return nil
 }
 
-// serveRound serves one endpoint: register it, then wait until it goes
-// stale (kubelet restart, socket removed, stream ended, re-register asked)
-// or ctx ends. lastStale is why the previous registration ended ("" before
-// the first one); serveRound sets it for the next round.
-func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch, lastStale *string) error {
+// serveRound serves one endpoint: register it, wait for the kubelet to
+// have its device list, call the plugin registered, then wait until the
+// endpoint goes stale (kubelet restart, socket removed, stream ended,
+// re-register asked) or ctx ends. When ctx ends the endpoint serves on
+// until published is closed (the node marked not ready), so that the
+// scheduler stops sending pods before the kubelet loses the devices.
+// lastStale is why the previous registration ended ("" before the first
+// one); serveRound sets it for the next round.
+func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch, published <-chan struct{}, lastStale *string) error {
 	logger := klog.FromContext(ctx)
 	name := fmt.Sprintf("gpuslice-%s-%d-%d.sock", socketSafe(p.cfg.ResourceName), os.Getpid(), round)
 	socket := filepath.Join(p.cfg.DevicePluginDir, name)
@@ -282,11 +293,22 @@ func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, allo
 	if err != nil {
 		return err
 	}
-	defer ep.stop()
+	defer func() {
+		if ctx.Err() != nil {
+			<-published
+		}
+		ep.stop()
+	}()
 
 	kubelet, err := p.registerWithRetry(ctx, ep, name, dir)
 	if err != nil || ctx.Err() != nil {
 		return nil //nolint:nilerr // a gone socket or ctx end starts the next round or ends Run.
+	}
+	if reason := p.waitListed(ctx, ep, kubelet, dir); reason != "" {
+		if ctx.Err() == nil {
+			logger.Info("Registering again before the kubelet had the device list", "reason", reason)
+		}
+		return nil
 	}
 	p.setRegistration(registration{Registered: true, Since: p.opts.Clock.Now(), Socket: name})
 	logger.Info("Registered with kubelet", "endpoint", name, "round", round)

@@ -30,6 +30,8 @@ type endpoint struct {
 	served      chan struct{} // closed when Serve returns
 	streamEnded chan struct{} // closed once when the kubelet ends ListAndWatch
 	endOnce     sync.Once
+	listed      chan struct{} // closed once the first device list was sent
+	listOnce    sync.Once
 }
 
 // startEndpoint listens on socket (removing a leftover file of that name)
@@ -51,6 +53,7 @@ func startEndpoint(logger klog.Logger, socket string, inv *inventory, alloc *all
 		stopping:    make(chan struct{}),
 		served:      make(chan struct{}),
 		streamEnded: make(chan struct{}),
+		listed:      make(chan struct{}),
 	}
 	pluginapi.RegisterDevicePluginServer(e.server, e)
 	go func() {
@@ -87,9 +90,10 @@ func (e *endpoint) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*p
 }
 
 // ListAndWatch sends the whole device list now and again after every health
-// change, until the kubelet hangs up or the endpoint stops. A hang-up by the
-// kubelet is reported through streamEnded: the kubelet never reopens the
-// stream, so only a new registration recovers.
+// change, until the kubelet hangs up or the endpoint stops. The first send
+// closes listed: from then on the kubelet can admit pods on the devices. A
+// hang-up by the kubelet is reported through streamEnded: the kubelet never
+// reopens the stream, so only a new registration recovers.
 func (e *endpoint) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
 	for {
 		node, _, changed := e.inv.snapshot()
@@ -97,6 +101,7 @@ func (e *endpoint) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugi
 			e.endStream()
 			return fmt.Errorf("send device list: %w", err)
 		}
+		e.listOnce.Do(func() { close(e.listed) })
 		select {
 		case <-changed:
 		case <-e.stopping:

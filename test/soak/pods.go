@@ -184,20 +184,11 @@ func (s *soak) delete(ctx context.Context, name string) bool {
 	return true
 }
 
-// deleteFailed counts a pod a kubelet failed, by reason, and deletes it.
+// deleteFailed counts a pod a kubelet failed (tally.failed) and deletes it.
 func (s *soak) deleteFailed(ctx context.Context, p *corev1.Pod) {
-	if !s.delete(ctx, p.Name) {
-		return
+	if s.delete(ctx, p.Name) {
+		s.tally.failed(p, time.Now())
 	}
-	reason := p.Status.Reason
-	if reason == "" {
-		reason = "no reason"
-	}
-	example := fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Message)
-	s.tally.add(func(r *Report) {
-		r.FailedAtAdmission[reason]++
-		r.FailedExample[reason] = example
-	})
 }
 
 // seen is what the informers (and the driver's lists) saw: each pod's latest version with an allocation (kept after the

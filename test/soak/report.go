@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Invariants a Violation names.
@@ -55,6 +57,15 @@ type Report struct {
 	// FailedExample holds the message of the latest one of each reason.
 	FailedAtAdmission map[string]int
 	FailedExample     map[string]string
+	// LostAtAdmission counts, of those, the pods the kubelet refused for want of
+	// devices (lostAtAdmission: UnexpectedAdmissionError, OutOf<resource>), a bare pod
+	// lost to its user. The goal is 0; it is a figure, not a violation: a pod bound in the
+	// moment before its node's plugin or kubelet went away, or admitted by a restarted
+	// kubelet before the plugin registered with it again, fails so whatever gpuslice does
+	// (docs/registration.md, "What remains"). LostExamples describes the latest
+	// maxLostExamples: node, binding, when the soak saw the failure, the kubelet's message.
+	LostAtAdmission int
+	LostExamples    []string
 	// Faults counts the faults injected, by kind.
 	Faults map[string]int
 	// Crashes counts the processes that exited on their own, by process name, which the soak
@@ -88,6 +99,10 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  pods failed at kubelet admission: %s\n", counts(r.FailedAtAdmission))
 	for _, reason := range slices.Sorted(maps.Keys(r.FailedExample)) {
 		fmt.Fprintf(&b, "    e.g. %s: %s\n", reason, r.FailedExample[reason])
+	}
+	fmt.Fprintf(&b, "  pods lost at kubelet admission for want of devices: %d (goal 0)\n", r.LostAtAdmission)
+	for _, e := range r.LostExamples {
+		fmt.Fprintf(&b, "    %s\n", e)
 	}
 	total := 0
 	for _, n := range r.Faults {
@@ -123,6 +138,17 @@ func counts(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
+// maxLostExamples is how many pods lost at admission Report.LostExamples describes.
+const maxLostExamples = 8
+
+// lostAtAdmission reports whether a Failed pod's status reason says the kubelet refused it
+// at admission for want of devices: UnexpectedAdmissionError (the device manager's Allocate
+// failed: "requested number of devices unavailable", "no healthy devices present", an
+// Allocate error of the plugin) or OutOf<resource> (the Node's allocatable did not hold it).
+func lostAtAdmission(reason string) bool {
+	return reason == "UnexpectedAdmissionError" || strings.HasPrefix(reason, "OutOf")
+}
+
 // tally collects a run's figures from the driver, the chaos loop and the checks. Safe for
 // concurrent use.
 type tally struct {
@@ -151,6 +177,29 @@ func (t *tally) violate(invariant, key, detail string) {
 	}
 	t.reported[invariant+"\x00"+key] = true
 	t.r.Violations = append(t.r.Violations, Violation{At: time.Now(), Invariant: invariant, Detail: detail})
+}
+
+// failed counts the pod p, which a kubelet failed and the soak saw at seenAt, by its reason,
+// and as lost at admission when lostAtAdmission says so.
+func (t *tally) failed(p *corev1.Pod, seenAt time.Time) {
+	reason := p.Status.Reason
+	if reason == "" {
+		reason = "no reason"
+	}
+	t.add(func(r *Report) {
+		r.FailedAtAdmission[reason]++
+		r.FailedExample[reason] = fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Message)
+		if !lostAtAdmission(reason) {
+			return
+		}
+		r.LostAtAdmission++
+		e := fmt.Sprintf("%s on %s, bound %s, seen failed %s: %s: %s", p.Name, p.Spec.NodeName,
+			waitingSince(p).Format("15:04:05.000"), seenAt.Format("15:04:05.000"), reason, p.Status.Message)
+		r.LostExamples = append(r.LostExamples, e)
+		if len(r.LostExamples) > maxLostExamples {
+			r.LostExamples = r.LostExamples[1:]
+		}
+	})
 }
 
 // add applies f to the report under the lock.
@@ -183,6 +232,7 @@ func (t *tally) report() *Report {
 	r.Faults = maps.Clone(t.r.Faults)
 	r.Crashes = maps.Clone(t.r.Crashes)
 	r.CrashExample = maps.Clone(t.r.CrashExample)
+	r.LostExamples = slices.Clone(t.r.LostExamples)
 	r.Violations = slices.Clone(t.r.Violations)
 	return &r
 }
