@@ -28,6 +28,7 @@ const (
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
 	MetricGPUMemorySchedulable = "gpuslice_gpu_memory_schedulable_mib"
 	MetricNodeUnregistered     = "gpuslice_extender_node_unregistered"
+	MetricLeader               = "gpuslice_extender_leader"
 )
 
 // Values of the result label of MetricBinds.
@@ -76,6 +77,8 @@ type metrics struct {
 	bindPodReads prometheus.Counter
 	// staleReleased counts the bound pods confirmBinds found gone.
 	staleReleased prometheus.Counter
+	// leader is 1 while the instance runs the leader's loops (lead).
+	leader prometheus.Gauge
 }
 
 // newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
@@ -115,7 +118,12 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		Name: MetricStaleReleased,
 		Help: "Pods bound by the extender that its informers never saw and that the API server no longer had running when read " + confirmGrace.String() + " later; what they held was released (each is a watch gap that lost a deletion).",
 	})
+	leader := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: MetricLeader,
+		Help: "1 while this extender instance asks kube-scheduler for retries and maintains the nodes' registration conditions: always once synced without leaderLease, else while kube-scheduler's leader Lease names the kube-scheduler beside it; 0 otherwise.",
+	})
 	m := &metrics{
+		leader:        leader,
 		bindPodReads:  bindPodReads,
 		staleReleased: staleReleased,
 		handler:       &metricsHandler{reg: reg, st: s.state},
@@ -135,7 +143,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, staleReleased, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
+	set, err := registry.Register(reg, requests, durations, binds, retries, leader, bindPodReads, staleReleased, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}

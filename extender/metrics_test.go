@@ -114,10 +114,10 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results, the plain counters and the pending pods
-	// (one series per reason) start at 0; the vectors appear with their
-	// first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
+	// Only the bind results, the plain counters, the leader gauge and the
+	// pending pods (one series per reason) start at 0; the vectors appear
+	// with their first sample.
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBinds, MetricLeader, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})
