@@ -3,7 +3,6 @@ package extender
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -12,21 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/vgpu"
-)
-
-// Leader election timing of the node-condition controller (client-go's
-// usual values, as kube-scheduler's).
-const (
-	conditionLeaseDuration = 15 * time.Second
-	conditionRenewDeadline = 10 * time.Second
-	conditionRetryPeriod   = 2 * time.Second
 )
 
 // EventNodeCondition is the reason of the Node event the extender records
@@ -110,8 +98,8 @@ func judgeRegistration(r nodeRegistration, now, zeroSince time.Time, maxAge time
 
 // conditionController turns vgpu.ConditionRegistered Unknown or False for
 // nodes whose plugin cannot say so itself, as the node lifecycle
-// controller does for Ready. One instance at a time runs it (leader
-// election, Config.NodeConditionLease). It is not safe for concurrent use:
+// controller does for Ready. Only the leader runs it (Scheduler.lead), a
+// new one for each term. It is not safe for concurrent use:
 // only its run goroutine calls pass.
 type conditionController struct {
 	s *Scheduler
@@ -191,47 +179,6 @@ func (c *conditionController) write(ctx context.Context, node string, v registra
 // run passes every conditionInterval until ctx ends.
 func (c *conditionController) run(ctx context.Context) {
 	wait.UntilWithContext(ctx, c.pass, c.s.conditionInterval())
-}
-
-// maintainConditions runs the node-condition controller until ctx ends:
-// at once when Config.NodeConditionLease is empty, else whenever this
-// instance holds that Lease.
-func (s *Scheduler) maintainConditions(ctx context.Context) {
-	logger := klog.FromContext(ctx).WithName("node-conditions")
-	ctx = klog.NewContext(ctx, logger)
-	if s.cfg.NodeConditionLease == "" {
-		newConditionController(s).run(ctx)
-		return
-	}
-	namespace, name, _ := strings.Cut(s.cfg.NodeConditionLease, "/")
-	host, _ := os.Hostname()
-	id := host + "_" + string(uuid.NewUUID())
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: name},
-				Client:     s.client.CoordinationV1(),
-				LockConfig: resourcelock.ResourceLockConfig{Identity: id},
-			},
-			LeaseDuration:   conditionLeaseDuration,
-			RenewDeadline:   conditionRenewDeadline,
-			RetryPeriod:     conditionRetryPeriod,
-			ReleaseOnCancel: true,
-			Name:            "gpuslice-node-conditions",
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(ctx context.Context) {
-					logger.Info("Leading: maintaining node registration conditions", "lease", s.cfg.NodeConditionLease, "identity", id)
-					newConditionController(s).run(ctx)
-				},
-				OnStoppedLeading: func() { logger.Info("No longer leading", "lease", s.cfg.NodeConditionLease) },
-			},
-		})
-		if err != nil {
-			logger.Error(err, "Node registration conditions are not maintained")
-			return
-		}
-		le.Run(ctx)
-	}
 }
 
 // nodeRef is the reference the extender records node events on; the UID

@@ -149,12 +149,15 @@ type Config struct {
 	// in the online workload, so that it follows a cluster whose mix
 	// changes.
 	WorkloadHalfLife int `json:"workloadHalfLife"`
-	// NodeConditionLease is the Lease, as "namespace/name", by which the
-	// extender instances elect the one that maintains the nodes'
+	// LeaderLease is kube-scheduler's leader-election Lease, as
+	// "namespace/name" (its leaderElection resourceNamespace and
+	// resourceName), which this extender follows: only while the Lease
+	// names the kube-scheduler beside it (same host name) does it ask
+	// kube-scheduler to retry pods and maintain the nodes'
 	// vgpu.ConditionRegistered (Unknown when a plugin's heartbeat goes
-	// stale, False when allocatable stays 0). Empty: this instance
-	// maintains them without an election (a single extender).
-	NodeConditionLease string `json:"nodeConditionLease,omitempty"`
+	// stale, False when allocatable stays 0). Empty: it always does (a
+	// single replica without leader election).
+	LeaderLease string `json:"leaderLease,omitempty"`
 	// DRA turns on the scoring of pods whose claims ask for gpuslice's DRA devices
 	// (Scheduler.PrioritizeDRA, POST /dra/prioritize): the extender then also watches
 	// ResourceSlices of the gpuslice driver, ResourceClaims and DeviceClasses
@@ -263,10 +266,10 @@ func (c Config) Validate() error {
 	if p, err := vgpu.ParsePolicy(string(c.GPUPolicy)); err != nil || p == "" {
 		errs = append(errs, vgpu.InvalidField("gpuPolicy", string(c.GPUPolicy), allowedPolicy))
 	}
-	if c.NodeConditionLease != "" {
-		ns, name, ok := strings.Cut(c.NodeConditionLease, "/")
+	if c.LeaderLease != "" {
+		ns, name, ok := strings.Cut(c.LeaderLease, "/")
 		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
-			errs = append(errs, vgpu.InvalidField("nodeConditionLease", c.NodeConditionLease, `must be empty (no leader election) or "namespace/name" of a Lease, e.g. "gpuslice-system/gpuslice-node-conditions"`))
+			errs = append(errs, vgpu.InvalidField("leaderLease", c.LeaderLease, `must be empty (kube-scheduler runs no leader election) or "namespace/name" of kube-scheduler's leader-election Lease, e.g. "gpuslice-system/gpuslice-scheduler"`))
 		}
 	}
 	if c.HeartbeatMaxAge.Duration < time.Second {

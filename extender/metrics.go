@@ -29,6 +29,7 @@ const (
 	MetricGPUSlicesAllocated   = "gpuslice_gpu_slices_allocated"
 	MetricGPUMemorySchedulable = "gpuslice_gpu_memory_schedulable_mib"
 	MetricNodeUnregistered     = "gpuslice_extender_node_unregistered"
+	MetricLeader               = "gpuslice_extender_leader"
 )
 
 // Values of the result label of MetricBinds.
@@ -81,6 +82,8 @@ type metrics struct {
 	bindPodReads prometheus.Counter
 	// staleReleased counts the bound pods confirmBinds found gone.
 	staleReleased prometheus.Counter
+	// leader is 1 while the instance runs the leader's loops (lead).
+	leader prometheus.Gauge
 }
 
 // newMetrics registers the Scheduler's metrics in reg; a nil reg is a new
@@ -124,7 +127,12 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		Name: MetricBindsInDoubt,
 		Help: "Pods whose Binding had an unknown outcome and that were not seen bound yet: their GPUs stay reserved until the API server shows them bound or gone, or still unbound after bindOutcomeWait.",
 	}, func() float64 { return float64(s.bindsInDoubt()) })
+	leader := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: MetricLeader,
+		Help: "1 while this extender instance asks kube-scheduler for retries and maintains the nodes' registration conditions: always once synced without leaderLease, else while kube-scheduler's leader Lease names the kube-scheduler beside it; 0 otherwise.",
+	})
 	m := &metrics{
+		leader:        leader,
 		bindPodReads:  bindPodReads,
 		staleReleased: staleReleased,
 		handler:       &metricsHandler{reg: reg, st: s.state},
@@ -144,7 +152,7 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 		}
 		m.requests[verb], m.durations[verb] = c, d
 	}
-	set, err := registry.Register(reg, requests, durations, binds, retries, bindPodReads, staleReleased, inDoubt, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
+	set, err := registry.Register(reg, requests, durations, binds, retries, leader, bindPodReads, staleReleased, inDoubt, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {
 		return nil, fmt.Errorf("extender: metrics: %w", err)
 	}

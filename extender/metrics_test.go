@@ -116,10 +116,10 @@ func TestMetricsRegistry(t *testing.T) {
 	for _, f := range families {
 		names = append(names, f.GetName())
 	}
-	// Only the bind results, the plain counters, the binds in doubt and the pending pods
-	// (one series per reason) start at 0; the vectors appear with their
-	// first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBindsInDoubt, MetricBinds, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
+	// Only the bind results, the plain counters, the binds in doubt, the
+	// leader gauge and the pending pods (one series per reason) start at 0;
+	// the vectors appear with their first sample.
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBindsInDoubt, MetricBinds, MetricLeader, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

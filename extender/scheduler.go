@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,10 @@ type Options struct {
 	// condition. Give it a client with its own rate limiter, so that
 	// events never wait behind binds or hold them back. Nil means Client.
 	EventClient kubernetes.Interface
+	// Hostname is the host name kube-scheduler's leader identity starts
+	// with when it is the one beside this extender (Config.LeaderLease).
+	// Empty means os.Hostname(): the pod's, which a sidecar shares.
+	Hostname string
 }
 
 // Scheduler is the extender's logic: it keeps the cluster's GPU state from
@@ -85,6 +90,10 @@ type Scheduler struct {
 	// doubts are the reservations of binds whose Binding had an unknown
 	// outcome and whose pod was not bound yet (doubt.go).
 	doubts doubtfulBinds
+	// host is this instance's host name (Options.Hostname); leading is
+	// whether it runs the leader's loops now (lead).
+	host    string
+	leading atomic.Bool
 }
 
 // New returns a Scheduler for cfg, which it validates, with its metrics
@@ -98,6 +107,13 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.Hostname == "" && cfg.LeaderLease != "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("extender: leaderLease %s needs this host's name, which kube-scheduler's identity starts with: %w", cfg.LeaderLease, err)
+		}
+		opts.Hostname = host
 	}
 	var tracker *workloadTracker
 	if opts.Workload == nil {
@@ -115,6 +131,7 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		state:      newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
 		binds:      bindGate{max: int64(cfg.pendingBinds())},
 		workload:   tracker,
+		host:       opts.Hostname,
 	}
 	if cfg.DRA {
 		s.dra = newDRAState()
@@ -234,13 +251,15 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	s.state.synced()
 	logger.Info("Informer caches synced; ready")
 	var wg sync.WaitGroup
-	wg.Go(func() { s.retryLoop(ctx) })
+	// Only the leader asks for retries and writes node conditions; every
+	// instance keeps its informers warm, confirms its own binds and
+	// records the events of the binds it answers.
+	wg.Go(func() { s.lead(ctx, s.leaderLoops) })
 	wg.Go(func() { s.confirmLoop(ctx) })
 	if s.workload != nil {
 		wg.Go(func() { s.workloadLoop(ctx) })
 	}
 	wg.Go(func() { s.events.Run(ctx) })
-	wg.Go(func() { s.maintainConditions(ctx) })
 	<-ctx.Done()
 	s.synced.Store(false)
 	wg.Wait()

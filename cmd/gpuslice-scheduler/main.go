@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (extender.Config, string, error
 	fs.StringVar((*string)(&cfg.FilterResult), "filter-result", string(cfg.FilterResult), "nodes /filter passes for a GPU pod: best (only the best score tier, 0-10; the profile needs no prioritizeVerb) or feasible (every node where it fits, scored by /prioritize)")
 	fs.StringVar((*string)(&cfg.Workload), "workload", string(cfg.Workload), "what the fragmentation policy measures against: online (learnt from the pods seen) or default (vgpu's default workload)")
 	fs.IntVar(&cfg.WorkloadHalfLife, "workload-half-life", cfg.WorkloadHalfLife, "pods after which a pod counts half as much in the online workload")
-	fs.StringVar(&cfg.NodeConditionLease, "node-condition-lease", cfg.NodeConditionLease, "namespace/name of the Lease that elects the instance maintaining the nodes' GPUSliceRegistered condition (default: no election, this instance maintains it)")
+	fs.StringVar(&cfg.LeaderLease, "leader-lease", cfg.LeaderLease, "namespace/name of kube-scheduler's leader-election Lease: retry pods and maintain the nodes' GPUSliceRegistered condition only while it names the kube-scheduler beside this extender (default: always, a single replica)")
 	fs.IntVar(&cfg.GCPercent, "gc-percent", cfg.GCPercent, "the Go garbage collector's target (GOGC, 10-1000); the GOGC environment variable wins")
 	fs.BoolVar(&cfg.DRA, "dra", cfg.DRA, "score the nodes of pods whose claims ask for gpuslice's DRA devices on /dra/prioritize (watches ResourceSlices, ResourceClaims and DeviceClasses)")
 	fs.IntVar(&cfg.MaxPendingBinds, "max-pending-binds", cfg.MaxPendingBinds, "binds that may wait for the API client; more are refused at once (0: kube-api-qps × bind-timeout / 2, at least kube-api-burst)")

@@ -158,8 +158,9 @@ func (c *Cluster) startSchedulers(ctx context.Context, opts Options, extenderArg
 	return nil
 }
 
-// extenderLeaderFlag has an extender of several pairs follow kube-scheduler's Lease.
-const extenderLeaderFlag = "--node-condition-lease=" + LeaderLeaseNamespace + "/" + LeaderLeaseName + "-node-conditions"
+// extenderLeaderFlag has an extender of several pairs follow kube-scheduler's Lease, as the
+// chart's do.
+const extenderLeaderFlag = "--leader-lease=" + LeaderLeaseNamespace + "/" + LeaderLeaseName
 
 // inHost returns the program and arguments that run bin with args under hostname, in a UTS
 // namespace of its own (the process keeps its PID: unshare and the shell exec it); an empty

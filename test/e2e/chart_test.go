@@ -123,7 +123,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	// Each plugin set its node's registration condition with its own pod-bound token (the chart's
-	// RBAC and node policy allow it), and one extender instance holds the node-conditions Lease.
+	// RBAC and node policy allow it), and the extender follows kube-scheduler's Lease: it leads.
 	for _, n := range c.Nodes {
 		poll(t, 30*time.Second, n.Name+" condition True/Registered", func(ctx context.Context) (bool, string) {
 			node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
@@ -134,12 +134,13 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 			return cond.Status == corev1.ConditionTrue && cond.Reason == vgpu.ReasonRegistered, fmt.Sprintf("%s/%s %q", cond.Status, cond.Reason, cond.Message)
 		})
 	}
-	poll(t, 30*time.Second, "an extender holding the node-conditions Lease", func(ctx context.Context) (bool, string) {
-		l, err := c.Client().CoordinationV1().Leases(ns).Get(ctx, "gpuslice-scheduler-node-conditions", metav1.GetOptions{})
+	poll(t, 30*time.Second, "the extender leading beside the kube-scheduler holding the chart's Lease", func(ctx context.Context) (bool, string) {
+		l, err := c.Client().CoordinationV1().Leases(ns).Get(ctx, "gpuslice-scheduler", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", fmt.Sprintf("holder %v", l.Spec.HolderIdentity)
+		got, err := scrapeGauges(c.ExtenderURL()+"/metrics", []string{extender.MetricLeader})
+		return err == nil && got[extender.MetricLeader] == 1, fmt.Sprintf("holder %v, %s %v (%v)", l.Spec.HolderIdentity, extender.MetricLeader, got[extender.MetricLeader], err)
 	})
 
 	// The webhook that mutates pods is the chart's: the harness created none of its own.
