@@ -40,6 +40,15 @@ type term struct {
 	from, to time.Time
 }
 
+// String renders the term as "pair 0 12:00:01.650-12:00:15.903" (an open end: "on").
+func (tm term) String() string {
+	to := "on"
+	if !tm.to.IsZero() {
+		to = tm.to.Format("15:04:05.000")
+	}
+	return fmt.Sprintf("pair %d %s-%s", tm.pair, tm.from.Format("15:04:05.000"), to)
+}
+
 // contains reports whether t falls within the term.
 func (tm term) contains(t time.Time) bool {
 	return !t.Before(tm.from) && (tm.to.IsZero() || t.Before(tm.to))

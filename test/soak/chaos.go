@@ -19,7 +19,8 @@ const restartTimeout = 2 * time.Minute
 
 // chaos injects one fault after another until ctx ends: it kills (SIGKILL) or stops (SIGTERM)
 // a random component and starts it again, or injects a random XID into a random fake GPU, or
-// resets a GPU that an XID left waiting for one. Each restart completes, readiness included,
+// resets a GPU that an XID left waiting for one, or makes the API server slow to write for the
+// extenders (writeLatency), or ends the leading scheduler pair (handOver). Each restart completes, readiness included,
 // before the next fault, also when ctx ends in between, so that the cluster is whole when chaos
 // returns; the restart holds the component's lock (parts), so that the supervisor leaves it
 // alone. A component that does not come back is a violation.
@@ -51,15 +52,17 @@ func (s *soak) fault(rng *rand.Rand) (string, error) {
 	if kill {
 		signal = "SIGKILL"
 	}
-	switch rng.IntN(9) {
+	pairs := s.c.Schedulers()
+	pair := pairs[rng.IntN(len(pairs))]
+	switch rng.IntN(11) {
 	case 0:
 		return "kubelet " + signal, s.parts.hold(kubeletPart(n), func() error { return s.restartKubelet(ctx, rng, n, kill) })
 	case 1:
 		return "device plugin " + signal, s.parts.hold(pluginPart(n), func() error { return s.restartPlugin(ctx, rng, n, kill) })
 	case 2:
-		return "extender " + signal, s.restart(ctx, cluster.ExtenderName, kill)
+		return "extender " + signal, s.restart(ctx, pair.Extender, kill)
 	case 3:
-		return "kube-scheduler " + signal, s.restart(ctx, cluster.KubeSchedulerName, kill)
+		return "kube-scheduler " + signal, s.restart(ctx, pair.KubeScheduler, kill)
 	case 4:
 		return "webhook " + signal, s.restart(ctx, cluster.WebhookName, kill)
 	case 5:
@@ -68,9 +71,119 @@ func (s *soak) fault(rng *rand.Rand) (string, error) {
 		if node, gpu, ok := s.takeReset(rng); ok {
 			return "GPU reset", s.inject(node, nvidia.FakeFault{GPU: gpu, Reset: true})
 		}
-		fallthrough
+		return s.injectXID(rng, n)
+	case 7:
+		return "API write latency", s.writeLatency(ctx, rng)
+	case 8:
+		return "leader hand-over " + signal, s.handOver(ctx, kill)
 	default:
 		return s.injectXID(rng, n)
+	}
+}
+
+// Bounds of the writeLatency fault: each extender write is held for writeDelayMin to
+// writeDelayMax, beyond the extender's 5 s bind timeout about half the time, so that a Bind
+// times out and its Binding commits after the extender gave up on it; the delay lasts
+// writeWindowMin to writeWindowMax.
+const (
+	writeDelayMin, writeDelayMax   = 2 * time.Second, 8 * time.Second
+	writeWindowMin, writeWindowMax = 5 * time.Second, 15 * time.Second
+)
+
+// writeLatency holds every write of the extenders (binds, retry annotations, conditions,
+// events) at the cluster's API proxy for a random delay during a random window, as an API
+// server or etcd that stalls after accepting a request: a write the extender gave up on still
+// commits, late.
+func (s *soak) writeLatency(ctx context.Context, rng *rand.Rand) error {
+	proxy, err := s.c.APIProxy()
+	if err != nil {
+		return err
+	}
+	return s.parts.hold("api proxy", func() error {
+		proxy.SetWriteDelay(between(rng, writeDelayMin, writeDelayMax))
+		defer proxy.SetWriteDelay(0)
+		pause(ctx, between(rng, writeWindowMin, writeWindowMax))
+		return nil
+	})
+}
+
+// leaderPoll is how often handOver reads the leader Lease; handOverTimeout bounds its wait for
+// a new leader (kube-scheduler's Lease of soakElection expires within seconds).
+const (
+	leaderPoll      = 50 * time.Millisecond
+	handOverTimeout = time.Minute
+)
+
+// handOver ends both processes of the scheduler pair whose kube-scheduler leads (killed or
+// stopped, as a node lost or a rollout would), measures how long until another pair's
+// kube-scheduler holds the leader Lease (Report.HandOvers), and starts the pair again, as the
+// Deployment's new pod would. No pair leading within restartTimeout is an error.
+func (s *soak) handOver(ctx context.Context, kill bool) error {
+	pairs := s.c.Schedulers()
+	if len(pairs) < 2 {
+		return errors.New("leader hand-over: the cluster runs one scheduler pair")
+	}
+	before, cancel := context.WithTimeout(ctx, handOverTimeout)
+	leader, err := s.waitLeader(before, -1)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("leader hand-over: before it: %w", err)
+	}
+	p := pairs[leader]
+	return s.parts.hold(p.KubeScheduler, func() error {
+		return s.parts.hold(p.Extender, func() error {
+			ended := time.Now()
+			for _, name := range []string{p.KubeScheduler, p.Extender} {
+				if proc := s.c.Process(name); proc != nil && proc.Exited() {
+					continue // a kube-scheduler that lost its Lease exits on its own
+				}
+				if err := s.c.End(name, kill); err != nil {
+					return err
+				}
+			}
+			waitCtx, cancel := context.WithTimeout(ctx, handOverTimeout)
+			_, waitErr := s.waitLeader(waitCtx, leader)
+			cancel()
+			took := time.Since(ended)
+			s.tally.add(func(r *Report) {
+				if waitErr != nil {
+					r.HandOverFailed++
+					return
+				}
+				r.HandOvers = append(r.HandOvers, took)
+			})
+			var errs []error
+			if waitErr != nil {
+				errs = append(errs, fmt.Errorf("leader hand-over from pair %d: %w", leader, waitErr))
+			}
+			startCtx, cancel := context.WithTimeout(context.Background(), restartTimeout)
+			defer cancel()
+			for _, name := range []string{p.Extender, p.KubeScheduler} {
+				if err := s.c.StartAgain(startCtx, name); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		})
+	})
+}
+
+// waitLeader waits until a scheduler pair other than not (-1: any) leads and returns its index.
+func (s *soak) waitLeader(ctx context.Context, not int) (int, error) {
+	last := "no pair"
+	for {
+		leader, err := s.c.SchedulerLeader(ctx)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case leader >= 0 && leader != not:
+			return leader, nil
+		case leader >= 0:
+			last = fmt.Sprintf("pair %d still", leader)
+		}
+		if !pause(ctx, leaderPoll) {
+			return -1, fmt.Errorf("no new scheduler leader: %s leads: %w", last, ctx.Err())
+		}
 	}
 }
 

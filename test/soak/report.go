@@ -68,6 +68,15 @@ type Report struct {
 	LostExamples    []string
 	// Faults counts the faults injected, by kind.
 	Faults map[string]int
+	// HandOvers are, for each "leader hand-over" fault, the time from the leading scheduler
+	// pair's end to another pair's kube-scheduler holding the leader Lease; HandOverFailed
+	// counts those after which no pair led within restartTimeout (each also a violation).
+	HandOvers      []time.Duration
+	HandOverFailed int
+	// HeldWrites counts the extenders' API writes (binds, retry annotations, conditions,
+	// events) the API proxy held during "API write latency" faults, so that they committed
+	// late.
+	HeldWrites int64
 	// Crashes counts the processes that exited on their own, by process name, which the soak
 	// restarted as a supervisor would; CrashExample holds the last log line of the latest.
 	// A crash of a gpuslice component is also a violation.
@@ -109,6 +118,8 @@ func (r *Report) String() string {
 		total += n
 	}
 	fmt.Fprintf(&b, "  faults injected: %d: %s\n", total, counts(r.Faults))
+	fmt.Fprintf(&b, "  leader hand-overs: %d, %s\n", len(r.HandOvers)+r.HandOverFailed, handOverFigures(r.HandOvers, r.HandOverFailed))
+	fmt.Fprintf(&b, "  extender writes held by the API proxy (committed late): %d\n", r.HeldWrites)
 	fmt.Fprintf(&b, "  crashes (restarted by the soak): %s\n", counts(r.Crashes))
 	for _, name := range slices.Sorted(maps.Keys(r.CrashExample)) {
 		fmt.Fprintf(&b, "    %s, last log line: %s\n", name, r.CrashExample[name])
@@ -124,6 +135,17 @@ func (r *Report) String() string {
 		fmt.Fprintf(&b, "    %s\n", v)
 	}
 	return b.String()
+}
+
+// handOverFigures renders the hand-over times as "new leader after p50 … / max …" and the
+// failed ones.
+func handOverFigures(d []time.Duration, failed int) string {
+	s := "none timed"
+	if len(d) > 0 {
+		sorted := slices.Sorted(slices.Values(d))
+		s = fmt.Sprintf("new leader after p50 %v / max %v", sorted[len(sorted)/2].Round(10*time.Millisecond), sorted[len(sorted)-1].Round(10*time.Millisecond))
+	}
+	return fmt.Sprintf("%s, %d without a new leader", s, failed)
 }
 
 // counts renders a count map as "a 3, b 1" in key order, or "none".
@@ -233,6 +255,7 @@ func (t *tally) report() *Report {
 	r.Crashes = maps.Clone(t.r.Crashes)
 	r.CrashExample = maps.Clone(t.r.CrashExample)
 	r.LostExamples = slices.Clone(t.r.LostExamples)
+	r.HandOvers = slices.Clone(t.r.HandOvers)
 	r.Violations = slices.Clone(t.r.Violations)
 	return &r
 }

@@ -142,6 +142,10 @@ func Run(ctx context.Context, c *cluster.Cluster, opts Options) (*Report, error)
 		opts.Progress.Finish("%s", s.tally.brief())
 	}
 	s.tally.elapsed = time.Since(began)
+	if proxy, err := c.APIProxy(); err == nil {
+		held := proxy.HeldWrites()
+		s.tally.add(func(r *Report) { r.HeldWrites = held })
+	}
 	return s.tally.report(), nil
 }
 

@@ -13,6 +13,10 @@ import (
 	"github.com/gpuslice/gpuslice/test/harness/progress"
 )
 
+// soakElection is kube-scheduler's leader election in the soak: a Lease of 8 s, so that a
+// killed leader's successor takes over within seconds.
+var soakElection = cluster.LeaderElection{LeaseDuration: 8 * time.Second, RenewDeadline: 6 * time.Second, RetryPeriod: time.Second}
+
 // defaultMinutes is the chaos time of the run inside make test; make soak sets SOAK_MINUTES.
 const defaultMinutes = 2
 
@@ -90,6 +94,11 @@ func TestSoak(t *testing.T) {
 		ExtenderPath:   filepath.Join(binDir, cluster.ExtenderName),
 		WebhookPath:    filepath.Join(binDir, cluster.WebhookName),
 		StopWithParent: true,
+		// Two scheduler pairs, as the chart runs, for the leader hand-over fault, and the API
+		// proxy in front of the extenders for the write-latency fault.
+		Schedulers:     2,
+		LeaderElection: soakElection,
+		APIProxy:       true,
 	})
 	if err != nil {
 		t.Fatalf("soak: %v", err)

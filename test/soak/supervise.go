@@ -10,9 +10,30 @@ import (
 	"github.com/gpuslice/gpuslice/test/cluster"
 )
 
-// gpusliceParts are the processes that are gpuslice's own: a crash of one is a violation. The
-// others (Kubernetes' own) are counted as crashes and restarted.
-var gpusliceParts = map[string]bool{cluster.ExtenderName: true, cluster.WebhookName: true, "device plugin": true}
+// gpuslicePart reports whether component is one of gpuslice's own processes: a crash of one is
+// a violation. The others (Kubernetes' own) are counted as crashes and restarted; a
+// kube-scheduler exits by design when it loses its leader Lease.
+func (s *soak) gpuslicePart(component string) bool {
+	if component == cluster.WebhookName || component == "device plugin" {
+		return true
+	}
+	for _, p := range s.c.Schedulers() {
+		if component == p.Extender {
+			return true
+		}
+	}
+	return false
+}
+
+// controlPlane returns the names of the control-plane processes the soak restarts: the API
+// server, the webhook, and both processes of every scheduler pair.
+func (s *soak) controlPlane() []string {
+	names := []string{cluster.APIServerName, cluster.WebhookName}
+	for _, p := range s.c.Schedulers() {
+		names = append(names, p.KubeScheduler, p.Extender)
+	}
+	return names
+}
 
 // superviseInterval is how often the supervisor looks for a component that exited on its
 // own: a real cluster's supervisor (the kubelet for static pods, a Deployment's controller)
@@ -64,7 +85,7 @@ func (s *soak) superviseLoop(ctx context.Context) {
 // to that holder. The supervisor loop calls it every second during the chaos, and settle
 // before its checks.
 func (s *soak) supervise(ctx context.Context) {
-	for _, name := range []string{cluster.APIServerName, cluster.KubeSchedulerName, cluster.ExtenderName, cluster.WebhookName} {
+	for _, name := range s.controlPlane() {
 		s.tryHold(name, func() {
 			if p := s.c.Process(name); p != nil && p.Exited() {
 				s.crashed(name, p)
@@ -115,7 +136,7 @@ func pluginPart(n *cluster.Node) string  { return "device plugin " + n.Name }
 // crashed records that component's process p exited on its own.
 func (s *soak) crashed(component string, p *cluster.Process) {
 	tail := p.LogTail(5)
-	if gpusliceParts[component] {
+	if s.gpuslicePart(component) {
 		s.tally.violate(InvariantNoCrash, fmt.Sprintf("%s %d", p.Name, p.PID), fmt.Sprintf("%s (pid %d) exited on its own; its log ends:\n%s", p.Name, p.PID, tail))
 	}
 	last := tail
