@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
 )
 
 // forwardTimeout bounds one request the proxy sends on after holding it.
@@ -22,8 +24,9 @@ const forwardTimeout = time.Minute
 
 // APIProxy is a reverse proxy to the API server that runs in this process (Options.APIProxy) and
 // that the extenders' kubeconfigs name, so that a test can make the API server slow to write for
-// them. It serves plain HTTP on loopback and passes each request on, its bearer token included,
-// over TLS. Reads and watches pass at once. While a write delay is set, each write (POST, PUT,
+// them. It serves TLS on loopback with a self-signed certificate of its own (CAData; a kubeconfig
+// with a plain-HTTP server carries no credentials: client-go reads them for TLS servers alone) and
+// passes each request on, its bearer token included, over TLS. Reads and watches pass at once. While a write delay is set, each write (POST, PUT,
 // PATCH, DELETE) is read whole, held for the delay and then sent on whatever became of the client
 // that sent it: a client that gave up after its own timeout (a Bind's) finds its write committed
 // late, as when the API server or etcd stalls after accepting a request. Safe for concurrent use.
@@ -31,6 +34,8 @@ type APIProxy struct {
 	srv *http.Server
 	ln  net.Listener
 	rp  *httputil.ReverseProxy
+	// ca is the PEM certificate the proxy serves, its own CA.
+	ca []byte
 	// delay is the write delay in nanoseconds; held counts the writes held.
 	delay, held atomic.Int64
 	// ctx ends with Close, and with it every write held or being sent on.
@@ -49,12 +54,21 @@ func startAPIProxy(cfg *rest.Config) (*APIProxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API proxy: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("API proxy: certificate: %w", err)
+	}
+	// GenerateSelfSignedCertKey returns the serving certificate followed by the CA that signed it.
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("API proxy: certificate: %w", err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		return nil, fmt.Errorf("API proxy: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &APIProxy{ln: ln, ctx: ctx, cancel: cancel}
+	p := &APIProxy{ln: ln, ca: certPEM, ctx: ctx, cancel: cancel}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -71,7 +85,11 @@ func startAPIProxy(cfg *rest.Config) (*APIProxy, error) {
 }
 
 // URL returns the proxy's base URL, for a kubeconfig's server.
-func (p *APIProxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *APIProxy) URL() string { return "https://" + p.ln.Addr().String() }
+
+// CAData returns the PEM certificates a client of the proxy trusts, for a kubeconfig's
+// certificate-authority-data.
+func (p *APIProxy) CAData() []byte { return p.ca }
 
 // SetWriteDelay holds every write that arrives from now on for d before sending it on; 0 lets
 // writes through at once again (those already held keep their delay).

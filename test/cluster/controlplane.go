@@ -231,18 +231,18 @@ func (c *Cluster) RESTConfig() *rest.Config {
 
 // writeKubeconfig writes an admin kubeconfig with the CA and token inline to path (mode 0600).
 func (c *Cluster) writeKubeconfig(path string) error {
-	return c.writeKubeconfigFor(path, c.RESTConfig().Host, c.State.Token)
+	return c.writeKubeconfigFor(path, c.RESTConfig().Host, c.State.CAData, c.State.Token)
 }
 
-// writeKubeconfigFor writes a kubeconfig of server (the API server's CA inline) with token to path
-// (mode 0600), creating its folder.
-func (c *Cluster) writeKubeconfigFor(path, server, token string) error {
+// writeKubeconfigFor writes a kubeconfig of server (the PEM certificates ca inline) with token to
+// path (mode 0600), creating its folder.
+func (c *Cluster) writeKubeconfigFor(path, server string, ca []byte, token string) error {
 	const name = "gpuslice-local"
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return fmt.Errorf("create the folder of %s: %w", path, err)
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.State.CAData}
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
 	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
 	cfg.CurrentContext = name

@@ -107,16 +107,16 @@ func (c *Cluster) startSchedulers(ctx context.Context, opts Options, extenderArg
 		pair := schedulerPair(i, n)
 		extKubeconfig, ksKubeconfig := c.State.Kubeconfig, c.State.Kubeconfig
 		if pair.Hostname != "" || c.proxy != nil {
-			server := c.RESTConfig().Host
+			server, ca := c.RESTConfig().Host, c.State.CAData
 			if c.proxy != nil {
-				server = c.proxy.URL()
+				server, ca = c.proxy.URL(), c.proxy.CAData()
 			}
 			extKubeconfig = filepath.Join(c.State.Dir, pair.Extender, "kubeconfig")
-			if err := c.writeKubeconfigFor(extKubeconfig, server, c.State.tokenOf(pair.ExtenderUser)); err != nil {
+			if err := c.writeKubeconfigFor(extKubeconfig, server, ca, c.State.tokenOf(pair.ExtenderUser)); err != nil {
 				return err
 			}
 			ksKubeconfig = filepath.Join(c.State.Dir, pair.KubeScheduler, "kubeconfig")
-			if err := c.writeKubeconfigFor(ksKubeconfig, c.RESTConfig().Host, c.State.tokenOf(pair.KubeSchedulerUser)); err != nil {
+			if err := c.writeKubeconfigFor(ksKubeconfig, c.RESTConfig().Host, c.State.CAData, c.State.tokenOf(pair.KubeSchedulerUser)); err != nil {
 				return err
 			}
 		}

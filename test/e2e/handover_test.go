@@ -241,18 +241,35 @@ func checkSlices(t *testing.T, c *cluster.Cluster, running []corev1.Pod) {
 	}
 }
 
-// checkBoundOnce fails t unless each pod has exactly one successful Binding in the audit log.
+// checkBoundOnce fails t unless each pod was bound once by the audit log: at most one successful
+// Binding, and one at all unless a Binding's outcome is in doubt. A Binding in flight when its
+// extender is killed is such a one: the API server may commit it after the client has gone and
+// log it as failed (5xx, "Handler timeout", or no response at all); a second Binding of the same
+// pod would have been refused (409), so the pod is still bound once. The pods are all Running on
+// their nodes by the time this is called.
 func checkBoundOnce(t *testing.T, events []auditv1.Event, pods []corev1.Pod) {
 	t.Helper()
-	binds := map[string]int{}
+	binds, inDoubt := map[string]int{}, map[string]int{}
 	for _, e := range events {
-		if ref := e.ObjectRef; ref != nil && ref.Resource == "pods" && ref.Subresource == "binding" && e.Verb == "create" && e.ResponseStatus != nil && e.ResponseStatus.Code < 300 {
+		ref := e.ObjectRef
+		if ref == nil || ref.Resource != "pods" || ref.Subresource != "binding" || e.Verb != "create" {
+			continue
+		}
+		switch {
+		case e.ResponseStatus != nil && e.ResponseStatus.Code < 300:
 			binds[ref.Name]++
+		case e.ResponseStatus == nil || e.ResponseStatus.Code >= 500:
+			inDoubt[ref.Name]++
 		}
 	}
 	for _, p := range pods {
-		if binds[p.Name] != 1 {
-			t.Errorf("%s: %d successful Bindings, want 1", p.Name, binds[p.Name])
+		switch n, d := binds[p.Name], inDoubt[p.Name]; {
+		case n > 1:
+			t.Errorf("%s: %d successful Bindings, want 1", p.Name, n)
+		case n == 0 && d == 0:
+			t.Errorf("%s: no Binding in the audit log, want 1", p.Name)
+		case n == 0:
+			t.Logf("%s: bound by a Binding whose outcome the API server logged as failed (%d in doubt): committed after its client went", p.Name, d)
 		}
 	}
 }

@@ -127,6 +127,26 @@ func withDefaultProfile(config, profilePatch string) (string, error) {
 	return string(out), nil
 }
 
+// withoutLeaderLease returns the chart's extender configuration without its leaderLease: the
+// harness's one kube-scheduler runs no leader election (withDefaultProfile), so an extender
+// following its Lease would never lead, and would neither ask for retries nor keep the nodes'
+// registration conditions. Everything else is kept as the chart renders it.
+func withoutLeaderLease(config string) (string, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(config), &doc); err != nil {
+		return "", fmt.Errorf("chart extender configuration: %w", err)
+	}
+	if _, ok := doc["leaderLease"]; !ok {
+		return config, nil
+	}
+	delete(doc, "leaderLease")
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return "", fmt.Errorf("chart extender configuration: %w", err)
+	}
+	return string(out), nil
+}
+
 // mergePatch applies JSON merge patch (RFC 7386) patch to doc: objects merge key by key, null
 // removes a key, anything else replaces.
 func mergePatch(doc, patch map[string]any) map[string]any {

@@ -36,6 +36,7 @@ data:
   extender.yaml: |
     address: 127.0.0.1:8888
     nodePolicy: binpack
+    leaderLease: gpuslice-system/gpuslice-scheduler
 `
 
 func TestChartProfile(t *testing.T) {
@@ -44,8 +45,16 @@ func TestChartProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff("address: 127.0.0.1:8888\nnodePolicy: binpack\n", p.ExtenderConfig); diff != "" {
+	if diff := cmp.Diff("address: 127.0.0.1:8888\nnodePolicy: binpack\nleaderLease: gpuslice-system/gpuslice-scheduler\n", p.ExtenderConfig); diff != "" {
 		t.Errorf("extender config (-want +got):\n%s", diff)
+	}
+	// The harness's kube-scheduler elects no leader: its extender must not wait for a Lease.
+	ext, err := withoutLeaderLease(p.ExtenderConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff("address: 127.0.0.1:8888\nnodePolicy: binpack\n", ext); diff != "" {
+		t.Errorf("withoutLeaderLease (-want +got):\n%s", diff)
 	}
 	got, err := withDefaultProfile(p.SchedulerConfig, "")
 	if err != nil {

@@ -114,6 +114,10 @@ func Start(ctx context.Context, cfg Config) (h *Harness, err error) {
 	if err != nil {
 		return nil, err
 	}
+	extenderDoc, err := withoutLeaderLease(h.Profile.ExtenderConfig)
+	if err != nil {
+		return nil, err
+	}
 	if h.configDir, err = os.MkdirTemp("", "gs-scale-"); err != nil {
 		return nil, fmt.Errorf("harness folder: %w", err)
 	}
@@ -123,7 +127,7 @@ func Start(ctx context.Context, cfg Config) (h *Harness, err error) {
 		}
 	}()
 	extenderConfig := filepath.Join(h.configDir, "extender.yaml")
-	if err := os.WriteFile(extenderConfig, []byte(h.Profile.ExtenderConfig), 0o600); err != nil {
+	if err := os.WriteFile(extenderConfig, []byte(extenderDoc), 0o600); err != nil {
 		return nil, fmt.Errorf("write the chart's extender configuration: %w", err)
 	}
 	began := time.Now()
