@@ -35,8 +35,11 @@ import (
 )
 
 const (
-	// readyTimeout bounds the wait for etcd and for /readyz.
-	readyTimeout = time.Minute
+	// readyTimeout bounds the wait for etcd and for /readyz. Ready takes seconds; a loaded
+	// machine has taken a minute with -race. A Start that gives up stops the server while its
+	// post-start hooks still run, and a failing hook ends the whole test binary (klog.Fatal),
+	// taking every other test's report with it: so give up only when it is surely stuck.
+	readyTimeout = 3 * time.Minute
 	// stopTimeout bounds the wait for the kube-apiserver to return from Run after Stop.
 	stopTimeout = time.Minute
 	// pollInterval is how often Start probes /readyz.
