@@ -56,9 +56,13 @@ func (s *soak) fault(rng *rand.Rand) (string, error) {
 	pair := pairs[rng.IntN(len(pairs))]
 	switch rng.IntN(11) {
 	case 0:
-		return "kubelet " + signal, s.parts.hold(kubeletPart(n), func() error { return s.restartKubelet(ctx, rng, n, kill) })
+		kind := "kubelet " + signal
+		s.tally.nodeFault(n.Name, kind, time.Now())
+		return kind, s.parts.hold(kubeletPart(n), func() error { return s.restartKubelet(ctx, rng, n, kill) })
 	case 1:
-		return "device plugin " + signal, s.parts.hold(pluginPart(n), func() error { return s.restartPlugin(ctx, rng, n, kill) })
+		kind := "device plugin " + signal
+		s.tally.nodeFault(n.Name, kind, time.Now())
+		return kind, s.parts.hold(pluginPart(n), func() error { return s.restartPlugin(ctx, rng, n, kill) })
 	case 2:
 		return "extender " + signal, s.restart(ctx, pair.Extender, kill)
 	case 3:

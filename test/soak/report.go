@@ -180,13 +180,47 @@ type tally struct {
 	// reported keeps the keys of violations already reported, so that a lasting one is
 	// reported once.
 	reported map[string]bool
+	// nodeFaults are the kubelet and device plugin restarts of each node, by node name, in
+	// the order they began: a pod lost at admission is told beside the latest one before it.
+	nodeFaults map[string][]nodeFault
+}
+
+// nodeFault is one restart of a node's kubelet or device plugin.
+type nodeFault struct {
+	at   time.Time
+	kind string // "kubelet SIGKILL", "device plugin SIGTERM", ...
+}
+
+// nodeFault records that kind began on node at at.
+func (t *tally) nodeFault(node, kind string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nodeFaults[node] = append(t.nodeFaults[node], nodeFault{at: at, kind: kind})
+}
+
+// lastNodeFault describes the latest kubelet or plugin restart of node that began before
+// before, relative to bound (the pod's bind), or says there was none. Callers hold t.mu.
+func (t *tally) lastNodeFault(node string, bound, before time.Time) string {
+	faults := t.nodeFaults[node]
+	for i := len(faults) - 1; i >= 0; i-- {
+		f := faults[i]
+		if f.at.After(before) {
+			continue
+		}
+		rel := fmt.Sprintf("%v after the bind", f.at.Sub(bound).Round(100*time.Millisecond))
+		if f.at.Before(bound) {
+			rel = fmt.Sprintf("%v before the bind", bound.Sub(f.at).Round(100*time.Millisecond))
+		}
+		return fmt.Sprintf("latest restart on %s: %s at %s, %s", node, f.kind, f.at.Format("15:04:05.000"), rel)
+	}
+	return "no kubelet or plugin restart on " + node + " before it"
 }
 
 func newTally() *tally {
 	return &tally{
 		r: Report{CreateRefused: map[string]int{}, FailedAtAdmission: map[string]int{}, FailedExample: map[string]string{}, Faults: map[string]int{},
 			Crashes: map[string]int{}, CrashExample: map[string]string{}},
-		reported: map[string]bool{},
+		reported: map[string]bool{}, nodeFaults: map[string][]nodeFault{},
 	}
 }
 
@@ -208,20 +242,24 @@ func (t *tally) failed(p *corev1.Pod, seenAt time.Time) {
 	if reason == "" {
 		reason = "no reason"
 	}
-	t.add(func(r *Report) {
+	bound := waitingSince(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cause := t.lastNodeFault(p.Spec.NodeName, bound, seenAt)
+	func(r *Report) {
 		r.FailedAtAdmission[reason]++
 		r.FailedExample[reason] = fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Message)
 		if !lostAtAdmission(reason) {
 			return
 		}
 		r.LostAtAdmission++
-		e := fmt.Sprintf("%s on %s, bound %s, seen failed %s: %s: %s", p.Name, p.Spec.NodeName,
-			waitingSince(p).Format("15:04:05.000"), seenAt.Format("15:04:05.000"), reason, p.Status.Message)
+		e := fmt.Sprintf("%s on %s, bound %s, seen failed %s (%s): %s: %s", p.Name, p.Spec.NodeName,
+			bound.Format("15:04:05.000"), seenAt.Format("15:04:05.000"), cause, reason, p.Status.Message)
 		r.LostExamples = append(r.LostExamples, e)
 		if len(r.LostExamples) > maxLostExamples {
 			r.LostExamples = r.LostExamples[1:]
 		}
-	})
+	}(&t.r)
 }
 
 // add applies f to the report under the lock.
