@@ -32,7 +32,7 @@ type fakeKubelet struct {
 
 	mu       sync.Mutex
 	calls    int
-	accepted int // Register calls answered with success
+	accepted int  // Register calls answered with success
 	devices  int  // devices in the latest ListAndWatch message
 	received bool // a ListAndWatch message arrived
 	conns    []*grpc.ClientConn
@@ -88,7 +88,8 @@ func (k *fakeKubelet) Register(ctx context.Context, req *pluginapi.RegisterReque
 	if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
 		return nil, status.Errorf(codes.Unknown, "fake kubelet: GetDevicePluginOptions: %v", err)
 	}
-	go k.listAndWatch(client)
+	// The stream outlives the Register call, as the kubelet's does.
+	go k.listAndWatch(context.WithoutCancel(ctx), client)
 	k.mu.Lock()
 	k.accepted++
 	k.mu.Unlock()
@@ -97,9 +98,9 @@ func (k *fakeKubelet) Register(ctx context.Context, req *pluginapi.RegisterReque
 
 // listAndWatch waits for opened, then keeps the plugin's device lists
 // until the stream ends.
-func (k *fakeKubelet) listAndWatch(client pluginapi.DevicePluginClient) {
+func (k *fakeKubelet) listAndWatch(ctx context.Context, client pluginapi.DevicePluginClient) {
 	<-k.opened
-	stream, err := client.ListAndWatch(context.Background(), &pluginapi.Empty{})
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		return
 	}

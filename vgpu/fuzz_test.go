@@ -295,7 +295,7 @@ func valueBytes(annotations map[string]string) int {
 // allocations and 1.2 KiB for a container with four invalid values),
 // whatever the pod's size.
 func requestBudget(gpu int) fuzzcost.Cost {
-	read := uint64(min(gpu, vgpu.MaxGPUContainersPerPod+1))
+	read := uint64(min(max(gpu, 0), vgpu.MaxGPUContainersPerPod+1)) //nolint:gosec // G115: 0..MaxGPUContainersPerPod+1
 	return fuzzcost.Cost{Allocs: 16 + 32*read, Bytes: 1024 + 2048*read}
 }
 

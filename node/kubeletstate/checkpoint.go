@@ -14,8 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"google.golang.org/protobuf/proto"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // CheckpointFile is the device manager's checkpoint in the kubelet's
@@ -98,19 +97,64 @@ func Read(dir string) ([]Entry, error) {
 	return entries, nil
 }
 
+// Field numbers of the device-plugin API's ContainerAllocateResponse.cdi_devices and
+// CDIDevice.name (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1, api.proto): the checkpoint
+// keeps each container's Allocate answer in its protobuf encoding. They are read off the wire
+// here, as node/ serves both node agents and does not link the device-plugin API; the
+// device plugin's tests check the reading against answers that API encodes.
+const (
+	fieldCDIDevices protowire.Number = 5
+	fieldCDIName    protowire.Number = 1
+)
+
 // cdiDevices returns the names of the CDI devices of resp, a
 // ContainerAllocateResponse in protobuf encoding; nil when there are none
 // or it does not decode.
 func cdiDevices(resp []byte) []string {
-	var r pluginapi.ContainerAllocateResponse
-	if len(resp) == 0 || proto.Unmarshal(resp, &r) != nil {
+	var names []string
+	ok := eachField(resp, func(num protowire.Number, typ protowire.Type, value []byte) bool {
+		if num != fieldCDIDevices || typ != protowire.BytesType {
+			return true
+		}
+		return eachField(value, func(num protowire.Number, typ protowire.Type, value []byte) bool {
+			if num == fieldCDIName && typ == protowire.BytesType {
+				names = append(names, string(value))
+			}
+			return true
+		})
+	})
+	if !ok {
 		return nil
 	}
-	var names []string
-	for _, d := range r.GetCdiDevices() {
-		names = append(names, d.GetName())
-	}
 	return names
+}
+
+// eachField calls fn with each field of the protobuf message b, in order: its number, wire
+// type and, for a length-delimited field, its bytes (nil for the others). It stops and returns
+// false when b does not decode or fn returns false.
+func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, value []byte) bool) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		var value []byte
+		if typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return false
+			}
+			value, n = v, m
+		} else if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return false
+		}
+		b = b[n:]
+		if !fn(num, typ, value) {
+			return false
+		}
+	}
+	return true
 }
 
 // DeviceHolder returns the container that holds exactly ids (in any order)

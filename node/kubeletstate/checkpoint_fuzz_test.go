@@ -9,8 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/proto"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 )
@@ -107,13 +106,12 @@ func encode(t *testing.T, entries []Entry) []byte {
 		Data struct{ PodDeviceEntries []entry }
 	}
 	for _, e := range entries {
-		var resp pluginapi.ContainerAllocateResponse
+		var alloc []byte
 		for _, name := range e.CDIDevices {
-			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: name})
-		}
-		alloc, err := proto.Marshal(&resp)
-		if err != nil {
-			t.Fatal(err)
+			device := protowire.AppendTag(nil, fieldCDIName, protowire.BytesType)
+			device = protowire.AppendString(device, name)
+			alloc = protowire.AppendTag(alloc, fieldCDIDevices, protowire.BytesType)
+			alloc = protowire.AppendBytes(alloc, device)
 		}
 		cp.Data.PodDeviceEntries = append(cp.Data.PodDeviceEntries, entry{e.PodUID, e.Container, e.Resource, map[string][]string{"-1": e.DeviceIDs}, alloc})
 	}

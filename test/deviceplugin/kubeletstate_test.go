@@ -22,7 +22,16 @@ import (
 func TestKubeletStateReadsTheKubeletsCheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	const cdiDevice = "gpuslice.io/vgpu=v00000000000000000001-0123456789ab"
-	resp, err := proto.Marshal(&pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: cdiDevice}}})
+	const cdiSecond = "gpuslice.io/vgpu=v00000000000000000002-0123456789ab"
+	// Every field of the answer set, the CDI devices between the others: the reader takes the
+	// CDI devices off the wire and must step over the rest.
+	resp, err := proto.Marshal(&pluginapi.ContainerAllocateResponse{
+		Envs:        map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"},
+		Mounts:      []*pluginapi.Mount{{ContainerPath: "/a", HostPath: "/b", ReadOnly: true}},
+		Devices:     []*pluginapi.DeviceSpec{{ContainerPath: "/dev/x", HostPath: "/dev/x", Permissions: "rw"}},
+		CdiDevices:  []*pluginapi.CDIDevice{{Name: cdiDevice}, {Name: cdiSecond}},
+		Annotations: map[string]string{"a": "b"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +51,7 @@ func TestKubeletStateReadsTheKubeletsCheckpoint(t *testing.T) {
 		ids  []string
 		want kubeletstate.Holder
 	}{
-		{[]string{"GPU-1::4"}, kubeletstate.Holder{PodUID: "uid-a", Container: "main", CDIDevices: []string{cdiDevice}}},
+		{[]string{"GPU-1::4"}, kubeletstate.Holder{PodUID: "uid-a", Container: "main", CDIDevices: []string{cdiDevice, cdiSecond}}},
 		{[]string{"GPU-2::0", "GPU-1::5"}, kubeletstate.Holder{PodUID: "uid-b", Container: "side"}},
 	} {
 		got, err := kubeletstate.DeviceHolder(dir, "hami.io/gpu", tc.ids)
