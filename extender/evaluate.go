@@ -357,6 +357,19 @@ func (s *Scheduler) evaluateAll(names []string, d *demand, fn func(i int, v verd
 	forEach(len(names), func(i int) { fn(i, s.evaluateLocked(names[i], d, now)) })
 }
 
+// judging calls fn under the state's read lock with a fits that judges at
+// now whether a demand fits the node of an index (nodeState.index); fits
+// is valid only until fn returns. It is how code outside the state, such
+// as retry.Tracker.Due, judges nodes without taking the state's lock.
+func (s *Scheduler) judging(now time.Time, fn func(fits func(d *demand, node int) bool)) {
+	st := s.state
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	fn(func(d *demand, node int) bool {
+		return node < len(st.byIndex) && s.evaluateLocked(st.byIndex[node].name, d, now).fits
+	})
+}
+
 // lockJudging read-locks the state for judging d on many nodes and looks
 // the pod's own entry up once, before workers share d; unlockJudging
 // undoes both.

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gpuslice/gpuslice/extender/retry"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -83,7 +84,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		*buf = make([]verdict, len(names))
 	}
 	verdicts := (*buf)[:len(names)]
-	seen := s.state.retries.seen()
+	seen := s.retries.Seen()
 	switch {
 	case d.wantsGPU() && !s.Ready():
 		// Without every bound pod counted, full GPUs would look free.
@@ -150,20 +151,20 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// A pod that passed some node is placed there (kube-scheduler sends
 	// only nodes its own filters passed); one that passed none waits.
 	if len(passed) == 0 && len(counts) > 0 {
-		var rej rejection
+		var rej retry.Rejection
 		for _, v := range verdicts {
 			if v.node < 0 {
-				rej.unjudge = true
+				rej.Unjudged = true
 			} else {
-				rej.nodes[classOf(v.reason)].add(v.node)
+				rej.Add(v.node, v.reason)
 			}
 		}
 		if s.Ready() {
-			rej.elsewhere = s.fitsElsewhere(&d, &rej, len(names))
+			rej.Elsewhere = s.fitsElsewhere(&d, &rej, len(names))
 		}
-		s.state.retries.rejected(args.Pod, d, seen, rej)
+		s.retries.Rejected(args.Pod, d, seen, rej)
 	} else {
-		s.state.retries.forget(args.Pod.UID)
+		s.retries.Forget(args.Pod.UID)
 	}
 	if args.NodeNames != nil {
 		result.NodeNames = &passed
@@ -266,7 +267,7 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 // kube-scheduler's own filters (node selectors, taints, CPU) let through,
 // and the pod is not retried for nodes outside it. Verdicts are
 // remembered, so the scan costs little beyond the first pod of a shape.
-func (s *Scheduler) fitsElsewhere(d *demand, rej *rejection, candidates int) bool {
+func (s *Scheduler) fitsElsewhere(d *demand, rej *retry.Rejection, candidates int) bool {
 	st := s.state
 	now := s.clock.Now()
 	st.mu.RLock()
@@ -275,7 +276,7 @@ func (s *Scheduler) fitsElsewhere(d *demand, rej *rejection, candidates int) boo
 		return false
 	}
 	for _, n := range st.byIndex {
-		if !rej.judged(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
+		if !rej.Judged(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
 			return true
 		}
 	}

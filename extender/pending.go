@@ -1,9 +1,9 @@
 package extender
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuslice/gpuslice/extender/retry"
 )
 
 // Metric names of the pods Filter turned away from every node.
@@ -26,7 +26,13 @@ const (
 	PendingPluginNotReady = "PluginNotReady"
 )
 
-var pendingReasons = []string{PendingNoRoom, PendingNoMatchingGPU, PendingPluginNotReady}
+// pendingReasons labels the waiting pods by the most hopeful class of what
+// turned them away (retry.Tracker.Pending).
+var pendingReasons = [retry.Classes]string{
+	retry.ClassCapacity:  PendingNoRoom,
+	retry.ClassInventory: PendingNoMatchingGPU,
+	retry.ClassNotReady:  PendingPluginNotReady,
+}
 
 var (
 	pendingPodsDesc = prometheus.NewDesc(MetricPendingPods,
@@ -36,40 +42,6 @@ var (
 		"Seconds since Filter first turned away the longest-waiting of those pods, by reason; 0 when none waits.",
 		[]string{"reason"}, nil)
 )
-
-// pendingReason is the label of a waiting pod's rejection.
-func pendingReason(rej rejection) string {
-	switch {
-	case len(rej.nodes[classCapacity]) > 0:
-		return PendingNoRoom
-	case len(rej.nodes[classInventory]) > 0:
-		return PendingNoMatchingGPU
-	}
-	return PendingPluginNotReady
-}
-
-// pendingFigures are the count and oldest wait of one reason.
-type pendingFigures struct {
-	count  int
-	oldest time.Duration
-}
-
-// pending returns, per reason, the waiting pods and the longest wait at now.
-func (r *retries) pending(now time.Time) map[string]pendingFigures {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]pendingFigures{}
-	for _, w := range r.waiting {
-		reason := pendingReason(w.rej)
-		f := out[reason]
-		f.count++
-		if !w.since.IsZero() {
-			f.oldest = max(f.oldest, now.Sub(w.since))
-		}
-		out[reason] = f
-	}
-	return out
-}
 
 // pendingCollector exports the waiting pods at scrape time.
 type pendingCollector struct {
@@ -84,10 +56,10 @@ func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
-	figures := c.s.state.retries.pending(c.s.clock.Now())
-	for _, reason := range pendingReasons {
-		f := figures[reason]
-		ch <- prometheus.MustNewConstMetric(pendingPodsDesc, prometheus.GaugeValue, float64(f.count), reason)
-		ch <- prometheus.MustNewConstMetric(pendingOldestDesc, prometheus.GaugeValue, f.oldest.Seconds(), reason)
+	figures := c.s.retries.Pending(c.s.clock.Now())
+	for class, reason := range pendingReasons {
+		f := figures[class]
+		ch <- prometheus.MustNewConstMetric(pendingPodsDesc, prometheus.GaugeValue, float64(f.Count), reason)
+		ch <- prometheus.MustNewConstMetric(pendingOldestDesc, prometheus.GaugeValue, f.Oldest.Seconds(), reason)
 	}
 }

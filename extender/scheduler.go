@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/extender/retry"
 	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -64,6 +65,9 @@ type Scheduler struct {
 	clock      clock.PassiveClock
 	fitOptions vgpu.FitOptions
 	state      *clusterState
+	// retries are the pods Filter turned away, which the state's changes
+	// may cure (retryLoop); it is the state's listener.
+	retries    *retry.Tracker[demand]
 	bindLocks  keyedMutex
 	rejections rejectionCounts
 	metrics    *metrics
@@ -129,10 +133,12 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		clock:      opts.Clock,
 		fitOptions: vgpu.FitOptions{NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy},
 		state:      newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
+		retries:    retry.New[demand](opts.Clock.Now),
 		binds:      bindGate{max: int64(cfg.pendingBinds())},
 		workload:   tracker,
 		host:       opts.Hostname,
 	}
+	s.state.listener = s.retries
 	if cfg.DRA {
 		s.dra = newDRAState()
 		s.state.extraSupply = s.dra.supply

@@ -40,10 +40,10 @@ type clusterState struct {
 	// leases are the heartbeat Leases by name.
 	leases map[string]*leaseState
 
-	// retries hears of every change that may let a pod Filter turned away
-	// fit now, timed by now; heartbeatMaxAge tells a Lease
-	// renewed after a gap that made it stale.
-	retries         *retries
+	// listener hears of every change that may let a pod Filter turned
+	// away fit now, timed by now; heartbeatMaxAge tells a Lease renewed
+	// after a gap that made it stale.
+	listener        ChangeListener
 	now             func() time.Time
 	heartbeatMaxAge time.Duration
 	// extraSupply, when set, adds GPUs by model that no Node inventory
@@ -54,6 +54,34 @@ type clusterState struct {
 	// new snapshot of the online workload. Never modified.
 	workload *vgpu.Workload
 }
+
+// ChangeListener hears of the state's changes that may let a pod Filter
+// turned away fit now (retry.Tracker is the Scheduler's). Nodes are named
+// by nodeState.index; at is when the state saw the change.
+// Called under the state's write lock or without it; must not call back into the state.
+type ChangeListener interface {
+	// NodeReady: the node's plugin became ready (label, allocatable,
+	// heartbeat back, registered again), or the node became known.
+	NodeReady(at time.Time, node int)
+	// InventoryChanged: the node's GPU inventory changed.
+	InventoryChanged(at time.Time, node int)
+	// Freed: a pod counted on the node went, freeing what it held.
+	Freed(at time.Time, node int)
+	// Synced: the informers' first lists are counted, so any pod may fit
+	// anywhere now.
+	Synced(at time.Time)
+	// Forget: the pod is bound, terminal or deleted; it waits no more.
+	Forget(uid types.UID)
+}
+
+// ignoreChanges is the ChangeListener of a state nobody listens to.
+type ignoreChanges struct{}
+
+func (ignoreChanges) NodeReady(time.Time, int)        {}
+func (ignoreChanges) InventoryChanged(time.Time, int) {}
+func (ignoreChanges) Freed(time.Time, int)            {}
+func (ignoreChanges) Synced(time.Time)                {}
+func (ignoreChanges) Forget(types.UID)                {}
 
 // nodeState is one node as the extender sees it.
 type nodeState struct {
@@ -147,10 +175,9 @@ type leaseState struct {
 
 // newClusterState returns an empty state judging allocatable resourceName,
 // timing changes by now and heartbeat gaps against heartbeatMaxAge, and
-// summarizing nodes for workload.
+// summarizing nodes for workload. Nobody hears of its changes until its
+// listener is set, before it is used.
 func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration, workload *vgpu.Workload) *clusterState {
-	r := newRetries()
-	r.now = now
 	return &clusterState{
 		workload:        workload,
 		resourceName:    resourceName,
@@ -159,7 +186,7 @@ func newClusterState(resourceName corev1.ResourceName, now func() time.Time, hea
 		pods:            map[types.UID]*podEntry{},
 		hosts:           map[types.UID]hostEntry{},
 		leases:          map[string]*leaseState{},
-		retries:         r,
+		listener:        ignoreChanges{},
 		now:             now,
 		heartbeatMaxAge: heartbeatMaxAge,
 	}
@@ -210,22 +237,16 @@ func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
 	switch {
 	case n.unready != nil:
 	case inventoryChanged:
-		st.changedLocked(n, changeInventory)
+		st.listener.InventoryChanged(st.now(), n.index)
 	case !wasReady:
-		st.changedLocked(n, changeReady)
+		st.listener.NodeReady(st.now(), n.index)
 	}
-}
-
-// changedLocked tells retries of a change of kind on n that may let a pod
-// fit there where it did not. Callers hold the write lock.
-func (st *clusterState) changedLocked(n *nodeState, kind changeKind) {
-	st.retries.changed(st.now(), n.index, kind)
 }
 
 // synced records that the informers' first lists are counted: every pod
 // Filter turned away before may fit now, anywhere.
 func (st *clusterState) synced() {
-	st.retries.changedEverywhere(st.now())
+	st.listener.Synced(st.now())
 }
 
 // deleteNode records a Node deleted. Its usage stays until its pods go.
@@ -274,7 +295,7 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	// arrival will.
 	if n := st.byLease[lease.Name]; n != nil && (raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
 		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge)) {
-		st.changedLocked(n, changeReady)
+		st.listener.NodeReady(st.now(), n.index)
 	}
 	if raw != l.raw {
 		l.raw = raw
@@ -337,7 +358,7 @@ func (st *clusterState) upsertGPU(pod *corev1.Pod, terminal bool) error {
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
 	if terminal || node != "" {
-		st.retries.forget(pod.UID)
+		st.listener.Forget(pod.UID)
 	}
 	if st.podUnchanged(pod.UID, terminal || node == "" || !hasAlloc, node, raw) {
 		return nil
@@ -400,7 +421,7 @@ func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw 
 // deletePod records a pod deleted: whatever it held, bound or reserved, is
 // free again.
 func (st *clusterState) deletePod(uid types.UID) {
-	st.retries.forget(uid)
+	st.listener.Forget(uid)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.removeLocked(st.pods[uid])
@@ -425,7 +446,7 @@ func (st *clusterState) removeLocked(e *podEntry) {
 	n.usage.Remove(e.alloc, e.req)
 	st.refreshLocked(n)
 	delete(st.pods, e.uid)
-	st.changedLocked(n, changeFreed)
+	st.listener.Freed(st.now(), n.index)
 }
 
 // release drops a reservation made by Bind, unless the informer already
