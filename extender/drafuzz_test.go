@@ -60,9 +60,9 @@ func FuzzDRAClaim(f *testing.F) {
 		s := &Scheduler{dra: d, fitOptions: vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation},
 			state: newClusterState(vgpu.ResourceGPU, time.Now, time.Minute, vgpu.DefaultWorkload())}
 		d.upsertClass(vgputest.DRAClass())
-		d.upsertSlice(draNodeObjects("n1", 2, 16384, "NVIDIA A100-SXM4-80GB"))
-		d.upsertSlice(draNodeObjects("n2", 2, 16384, "Tesla T4"))
-		pod, _ := draPodWith("p", vgputest.Claim("p-gpu"))
+		d.upsertSlice(vgputest.DRANodeSlice("n1", 2, 16384, "NVIDIA A100-SXM4-80GB"))
+		d.upsertSlice(vgputest.DRANodeSlice("n2", 2, 16384, "Tesla T4"))
+		pod, _ := vgputest.DRAPod("p", vgputest.Claim("p-gpu"))
 		claim.Namespace, claim.Name = pod.Namespace, "p-gpu"
 		claim.OwnerReferences = vgputest.Claim("p-gpu").OwnedBy(pod).Obj().OwnerReferences
 		d.upsertClaim(&claim)

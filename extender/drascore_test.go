@@ -21,25 +21,6 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
 )
 
-// draNodeObjects returns the ResourceSlice of a DRA node of gpus GPUs of memMiB and model,
-// "<name>-GPU-<i>", devices "gpu-<i>".
-func draNodeObjects(name string, gpus int, memMiB int64, model string) *resourcev1.ResourceSlice {
-	b := vgputest.Node(name)
-	for i := range gpus {
-		uuid := fmt.Sprintf("%s-GPU-%d", name, i)
-		b.GPU(uuid, memMiB).Model(uuid, model)
-	}
-	return vgputest.DRASlice(b.Obj())
-}
-
-// draPodWith returns pod name with one claim made from a template, and that claim, owned by
-// the pod, as b builds it.
-func draPodWith(name string, b *vgputest.ClaimBuilder) (*corev1.Pod, *resourcev1.ResourceClaim) {
-	claim := name + "-gpu"
-	pod := vgputest.Pod(name).Container("main").ClaimFromTemplate("gpu", "tmpl", claim).Obj()
-	return pod, b.OwnedBy(pod).Obj()
-}
-
 // draEnv starts a Scheduler with DRA scoring under policy over objs.
 func draEnv(t *testing.T, policy vgpu.Policy, objs ...runtime.Object) *env {
 	t.Helper()
@@ -84,11 +65,11 @@ func hostList(names []string, scores ...int64) extenderv1.HostPriorityList {
 // one (a 20 GiB slice beside the 40 GiB one fragments nothing there); the device-plugin and
 // unknown nodes score 0. A slice that no GPU of the used node has room for scores 0 there.
 func TestPrioritizeDRA(t *testing.T) {
-	used := draNodeObjects("dra-used", 2, 81920, "NVIDIA A100-SXM4-80GB")
-	empty := draNodeObjects("dra-empty", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	used := vgputest.DRANodeSlice("dra-used", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	empty := vgputest.DRANodeSlice("dra-empty", 2, 81920, "NVIDIA A100-SXM4-80GB")
 	_, dp := gpuNode("dp", 2, 81920)
 	held := vgputest.Claim("held").Request("gpu", vgpu.DRADriverName, 1, 40960, 0).Allocated("gpu", "dra-used", "gpu-0", 40960, 0).Obj()
-	pod, claim := draPodWith("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 20480, 20))
+	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 20480, 20))
 	names := []string{"dra-used", "dra-empty", "dp", "ghost"}
 	objs := objects(dp, []runtime.Object{used, empty, vgputest.DRAClass(), held, claim, pod})
 	for _, tt := range []struct {
@@ -111,7 +92,7 @@ func TestPrioritizeDRA(t *testing.T) {
 	// Two devices of 70 GiB: the used node has one GPU with that much free, the empty node two.
 	e := draEnv(t, vgpu.PolicyBinpack, objs...)
 	e.waitDRAUsage("dra-used", "dra-used-GPU-0", 40960)
-	big, bigClaim := draPodWith("big", vgputest.Claim("big-gpu").Request("gpu", vgpu.DRADriverName, 2, 71680, 0))
+	big, bigClaim := vgputest.DRAPod("big", vgputest.Claim("big-gpu").Request("gpu", vgpu.DRADriverName, 2, 71680, 0))
 	if _, err := e.client.ResourceV1().ResourceClaims("default").Create(context.Background(), bigClaim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -142,15 +123,15 @@ func (d *draState) draPodFor(pod *corev1.Pod) draPod {
 // dra.modelClasses); a 50 GiB slice fits the A100 node on its second GPU, but not with a UUID
 // selector that names only its first GPU, which holds 40 GiB already.
 func TestPrioritizeDRASelectors(t *testing.T) {
-	a100 := draNodeObjects("a100", 2, 81920, "NVIDIA A100-SXM4-80GB")
-	t4 := draNodeObjects("t4", 2, 15360, "Tesla T4")
+	a100 := vgputest.DRANodeSlice("a100", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	t4 := vgputest.DRANodeSlice("t4", 2, 15360, "Tesla T4")
 	held := vgputest.Claim("held").Request("gpu", vgpu.DRADriverName, 1, 40960, 0).Allocated("gpu", "a100", "gpu-0", 40960, 0).Obj()
 	modelSel := `device.attributes["gpuslice.hami.io"].model.lowerAscii().contains("a100")`
 	modelClass := vgputest.DRAClassWith("gpuslice-a100", `device.driver == "gpuslice.hami.io" && device.attributes["gpuslice.hami.io"].model == "NVIDIA A100-SXM4-80GB"`)
-	byModel, byModelClaim := draPodWith("m", vgputest.Claim("m-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0).Selector(modelSel))
-	byClass, byClassClaim := draPodWith("c", vgputest.Claim("c-gpu").Request("gpu", "gpuslice-a100", 1, 8192, 0))
-	bySize, bySizeClaim := draPodWith("s", vgputest.Claim("s-gpu").Request("gpu", vgpu.DRADriverName, 1, 51200, 0))
-	byUUID, byUUIDClaim := draPodWith("u", vgputest.Claim("u-gpu").Request("gpu", vgpu.DRADriverName, 1, 51200, 0).
+	byModel, byModelClaim := vgputest.DRAPod("m", vgputest.Claim("m-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0).Selector(modelSel))
+	byClass, byClassClaim := vgputest.DRAPod("c", vgputest.Claim("c-gpu").Request("gpu", "gpuslice-a100", 1, 8192, 0))
+	bySize, bySizeClaim := vgputest.DRAPod("s", vgputest.Claim("s-gpu").Request("gpu", vgpu.DRADriverName, 1, 51200, 0))
+	byUUID, byUUIDClaim := vgputest.DRAPod("u", vgputest.Claim("u-gpu").Request("gpu", vgpu.DRADriverName, 1, 51200, 0).
 		Selector(`device.attributes["gpuslice.hami.io"].uuid in ["a100-GPU-0"]`))
 	e := draEnv(t, vgpu.PolicyBinpack, a100, t4, vgputest.DRAClass(), modelClass, held, byModelClaim, byClassClaim, bySizeClaim, byUUIDClaim)
 	e.waitDRAUsage("a100", "a100-GPU-0", 40960)
@@ -180,18 +161,18 @@ func TestPrioritizeDRASelectors(t *testing.T) {
 // not own, a prioritized list of gpuslice's class (which kube-scheduler scores itself), and any
 // pod before the informers synced or without Config.DRA.
 func TestPrioritizeDRANeutral(t *testing.T) {
-	used := draNodeObjects("dra-a", 2, 81920, "NVIDIA A100-SXM4-80GB")
-	other := draNodeObjects("dra-b", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	used := vgputest.DRANodeSlice("dra-a", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	other := vgputest.DRANodeSlice("dra-b", 2, 81920, "NVIDIA A100-SXM4-80GB")
 	held := vgputest.Claim("held").Request("gpu", vgpu.DRADriverName, 1, 40960, 0).Allocated("gpu", "dra-a", "gpu-0", 40960, 0).Obj()
 	nic := vgputest.DRAClassWith("nic", `device.driver == "nic.example.com"`)
 	plain := vgputest.Pod("plain").Container("main").Obj()
 	missing := vgputest.Pod("missing").Container("main").ClaimFromTemplate("gpu", "tmpl", "missing-gpu").Obj()
-	nicPod, nicClaim := draPodWith("n", vgputest.Claim("n-nic").Request("nic", "nic", 1, 0, 0))
-	stranger, strangerClaim := draPodWith("s", vgputest.Claim("s-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0))
+	nicPod, nicClaim := vgputest.DRAPod("n", vgputest.Claim("n-nic").Request("nic", "nic", 1, 0, 0))
+	stranger, strangerClaim := vgputest.DRAPod("s", vgputest.Claim("s-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0))
 	strangerClaim.OwnerReferences[0].UID = "someone-else"
-	listPod, listClaim := draPodWith("l", vgputest.Claim("l-gpu"))
+	listPod, listClaim := vgputest.DRAPod("l", vgputest.Claim("l-gpu"))
 	listClaim.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "gpu", FirstAvailable: []resourcev1.DeviceSubRequest{{Name: "a", DeviceClassName: vgpu.DRADriverName, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}}}}
-	allPod, allClaim := draPodWith("all", vgputest.Claim("all-gpu").Request("gpu", vgpu.DRADriverName, 1, 0, 0))
+	allPod, allClaim := vgputest.DRAPod("all", vgputest.Claim("all-gpu").Request("gpu", vgpu.DRADriverName, 1, 0, 0))
 	allClaim.Spec.Devices.Requests[0].Exactly.AllocationMode = resourcev1.DeviceAllocationModeAll
 	objs := []runtime.Object{used, other, vgputest.DRAClass(), nic, held, nicClaim, strangerClaim, listClaim, allClaim}
 	names := []string{"dra-a", "dra-b"}
@@ -204,7 +185,7 @@ func TestPrioritizeDRANeutral(t *testing.T) {
 		}
 	}
 	// A NIC request beside a GPU request is left to its allocator: the GPU request is scored.
-	mixed, mixedClaim := draPodWith("mixed", vgputest.Claim("mixed-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0).Request("nic", "nic", 1, 0, 0))
+	mixed, mixedClaim := vgputest.DRAPod("mixed", vgputest.Claim("mixed-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 0).Request("nic", "nic", 1, 0, 0))
 	if _, err := e.client.ResourceV1().ResourceClaims("default").Create(context.Background(), mixedClaim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +221,7 @@ func TestPrioritizeDRANeutral(t *testing.T) {
 // nodes' GPUs in the workload's supply.
 func TestDRAState(t *testing.T) {
 	d := newDRAState()
-	sl := draNodeObjects("n1", 2, 16384, "Tesla T4")
+	sl := vgputest.DRANodeSlice("n1", 2, 16384, "Tesla T4")
 	sl.Spec.Devices[1].Taints = []resourcev1.DeviceTaint{{Key: "x", Effect: resourcev1.DeviceTaintEffectNoSchedule}}
 	d.upsertSlice(sl)
 	stale := sl.DeepCopy()
@@ -252,7 +233,7 @@ func TestDRAState(t *testing.T) {
 	if diff := cmp.Diff(map[string]int{"Tesla T4": 1}, d.supply()); diff != "" {
 		t.Errorf("supply (-want +got):\n%s", diff)
 	}
-	incomplete := draNodeObjects("n2", 1, 16384, "Tesla T4")
+	incomplete := vgputest.DRANodeSlice("n2", 1, 16384, "Tesla T4")
 	incomplete.Spec.Pool.ResourceSliceCount = 2
 	d.upsertSlice(incomplete)
 	if got := d.nodes["n2"].inv.GPUs; len(got) != 0 {
@@ -275,7 +256,7 @@ func TestDRAState(t *testing.T) {
 	}
 	// A claim seen before its slice counts once the slice arrives.
 	d.upsertClaim(vgputest.Claim("early").Allocated("gpu", "n3", "gpu-0", 1024, 0).Obj())
-	d.upsertSlice(draNodeObjects("n3", 1, 16384, "Tesla T4"))
+	d.upsertSlice(vgputest.DRANodeSlice("n3", 1, 16384, "Tesla T4"))
 	if got := d.nodes["n3"].usage.GPU("n3-GPU-0").MemoryMiB; got != 1024 {
 		t.Errorf("claim before slice: %d MiB, want 1024", got)
 	}
@@ -363,8 +344,8 @@ func TestRankScores(t *testing.T) {
 // request and model filter, when it is first scored, and not as a pod without GPUs when the pod
 // informer sees it.
 func TestDRAWorkload(t *testing.T) {
-	a := draNodeObjects("dra-a", 2, 81920, "NVIDIA A100-SXM4-80GB")
-	pod, claim := draPodWith("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 30).
+	a := vgputest.DRANodeSlice("dra-a", 2, 81920, "NVIDIA A100-SXM4-80GB")
+	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 30).
 		Selector(`device.attributes["gpuslice.hami.io"].model.lowerAscii().contains("a100")`))
 	cfg := testConfig()
 	cfg.DRA, cfg.NodePolicy = true, vgpu.PolicyFragmentation
@@ -409,9 +390,9 @@ func TestDRARace(t *testing.T) {
 	for i := range 4 {
 		name := fmt.Sprintf("dra-%d", i)
 		names = append(names, name)
-		objs = append(objs, draNodeObjects(name, 4, 81920, "NVIDIA A100-SXM4-80GB"))
+		objs = append(objs, vgputest.DRANodeSlice(name, 4, 81920, "NVIDIA A100-SXM4-80GB"))
 	}
-	pod, claim := draPodWith("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 10))
+	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 10))
 	objs = append(objs, claim)
 	e := draEnv(t, vgpu.PolicyFragmentation, objs...)
 	waitFor(t, "claim seen", func() bool { return len(e.s.dra.draPodFor(pod).requests) == 1 })
@@ -466,12 +447,12 @@ func BenchmarkPrioritizeDRA(b *testing.B) {
 	names := make([]string, nodes)
 	for i := range nodes {
 		names[i] = fmt.Sprintf("n%04d", i)
-		d.upsertSlice(draNodeObjects(names[i], 8, 81920, "NVIDIA A100-SXM4-80GB"))
+		d.upsertSlice(vgputest.DRANodeSlice(names[i], 8, 81920, "NVIDIA A100-SXM4-80GB"))
 		for k := range i % 5 {
 			d.upsertClaim(vgputest.Claim(fmt.Sprintf("held-%d-%d", i, k)).Allocated("gpu", names[i], fmt.Sprintf("gpu-%d", k), 20480, 20).Obj())
 		}
 	}
-	pod, claim := draPodWith("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 10240, 30))
+	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 10240, 30))
 	d.upsertClaim(claim)
 	ctx := context.Background()
 	b.ResetTimer()
