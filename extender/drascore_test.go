@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
@@ -43,10 +41,7 @@ func (e *env) prioritizeDRA(pod *corev1.Pod, names ...string) extenderv1.HostPri
 func (e *env) waitDRAUsage(node, uuid string, memMiB int64) {
 	e.t.Helper()
 	waitFor(e.t, node+" usage counted", func() bool {
-		e.s.dra.mu.RLock()
-		defer e.s.dra.mu.RUnlock()
-		n := e.s.dra.nodes[node]
-		return n != nil && n.usage.GPU(uuid).MemoryMiB == memMiB
+		return e.s.dra.NodeUsage(node).GPU(uuid).MemoryMiB == memMiB
 	})
 }
 
@@ -96,7 +91,7 @@ func TestPrioritizeDRA(t *testing.T) {
 	if _, err := e.client.ResourceV1().ResourceClaims("default").Create(context.Background(), bigClaim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "claim seen", func() bool { return len(e.s.dra.draPodFor(big).requests) == 1 })
+	waitFor(t, "claim seen", func() bool { return e.s.dra.PodRequests(big) == 1 })
 	if diff := cmp.Diff(hostList(names[:2], 0, 10), e.prioritizeDRA(big, names[:2]...)); diff != "" {
 		t.Errorf("two 70 GiB devices (-want +got):\n%s", diff)
 	}
@@ -105,17 +100,10 @@ func TestPrioritizeDRA(t *testing.T) {
 	if _, err := e.client.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), bigClaim, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "allocation seen", func() bool { return len(e.s.dra.draPodFor(big).requests) == 0 })
+	waitFor(t, "allocation seen", func() bool { return e.s.dra.PodRequests(big) == 0 })
 	if diff := cmp.Diff(hostList(names[:2], 0, 0), e.prioritizeDRA(big, names[:2]...)); diff != "" {
 		t.Errorf("allocated claim (-want +got):\n%s", diff)
 	}
-}
-
-// draPodFor is draPodLocked under the read lock, for tests.
-func (d *draState) draPodFor(pod *corev1.Pod) draPod {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.draPodLocked(pod)
 }
 
 // TestPrioritizeDRASelectors checks that the scoring selects devices as the allocator does: a
@@ -148,10 +136,11 @@ func TestPrioritizeDRASelectors(t *testing.T) {
 		t.Errorf("50 GiB on a100-GPU-0 only (-want +got):\n%s", diff)
 	}
 	// The workload's class of the model pod carries the model filter.
-	e.s.dra.mu.RLock()
-	d := e.s.dra.draPodLocked(byModel).demand([]int{0})
-	e.s.dra.mu.RUnlock()
-	if diff := cmp.Diff([]string{"a100"}, d.Constraints.Models); diff != "" {
+	res, ok := e.s.dra.Score(context.Background(), byModel, names)
+	if !ok {
+		t.Fatal("pod m scored neutrally")
+	}
+	if diff := cmp.Diff([]string{"a100"}, res.Demand.Constraints.Models); diff != "" {
 		t.Errorf("model filter of the workload class (-want +got):\n%s", diff)
 	}
 }
@@ -189,7 +178,7 @@ func TestPrioritizeDRANeutral(t *testing.T) {
 	if _, err := e.client.ResourceV1().ResourceClaims("default").Create(context.Background(), mixedClaim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "claim seen", func() bool { return len(e.s.dra.draPodFor(mixed).requests) == 2 })
+	waitFor(t, "claim seen", func() bool { return e.s.dra.PodRequests(mixed) == 2 })
 	if diff := cmp.Diff(hostList(names, 10, 9), e.prioritizeDRA(mixed, names...)); diff != "" {
 		t.Errorf("GPU and NIC requests (-want +got):\n%s", diff)
 	}
@@ -215,131 +204,6 @@ func TestPrioritizeDRANeutral(t *testing.T) {
 	}
 }
 
-// TestDRAState checks how the DRA state follows its objects: a slice's newest pool generation
-// only, no device of an incomplete pool, a tainted device unhealthy, usage that follows claims
-// allocated, changed and deleted, whole devices for results without consumed capacity, and the
-// nodes' GPUs in the workload's supply.
-func TestDRAState(t *testing.T) {
-	d := newDRAState()
-	sl := vgputest.DRANodeSlice("n1", 2, 16384, "Tesla T4")
-	sl.Spec.Devices[1].Taints = []resourcev1.DeviceTaint{{Key: "x", Effect: resourcev1.DeviceTaintEffectNoSchedule}}
-	d.upsertSlice(sl)
-	stale := sl.DeepCopy()
-	stale.Name, stale.Spec.Pool.Generation = "n1-old", 0
-	d.upsertSlice(stale)
-	if got := d.nodes["n1"].inv.GPUs; len(got) != 2 || got[1].Health != vgpu.Unhealthy || got[0].SchedulableMemoryMiB != 16384 || got[0].UUID != "n1-GPU-0" {
-		t.Errorf("n1 GPUs %+v; want the newest generation's two, the tainted one unhealthy", got)
-	}
-	if diff := cmp.Diff(map[string]int{"Tesla T4": 1}, d.supply()); diff != "" {
-		t.Errorf("supply (-want +got):\n%s", diff)
-	}
-	incomplete := vgputest.DRANodeSlice("n2", 1, 16384, "Tesla T4")
-	incomplete.Spec.Pool.ResourceSliceCount = 2
-	d.upsertSlice(incomplete)
-	if got := d.nodes["n2"].inv.GPUs; len(got) != 0 {
-		t.Errorf("incomplete pool: GPUs %+v, want none", got)
-	}
-
-	c := vgputest.Claim("c").Request("gpu", vgpu.DRADriverName, 1, 4096, 30).Allocated("gpu", "n1", "gpu-0", 4096, 30).Obj()
-	d.upsertClaim(c)
-	if got := d.nodes["n1"].usage.GPU("n1-GPU-0"); got != (vgpu.GPUUsage{MemoryMiB: 4096, CoresPercent: 30, Slices: 1}) {
-		t.Errorf("usage after allocation %+v", got)
-	}
-	c.Status.Allocation.Devices.Results[0].ConsumedCapacity = nil // a whole device
-	d.upsertClaim(c)
-	if got := d.nodes["n1"].usage.GPU("n1-GPU-0"); got != (vgpu.GPUUsage{MemoryMiB: 16384, CoresPercent: 100, Slices: 1, Exclusive: 1}) {
-		t.Errorf("usage of a whole device %+v", got)
-	}
-	d.deleteClaim("default/c")
-	if got := d.nodes["n1"].usage.GPU("n1-GPU-0"); got != (vgpu.GPUUsage{}) {
-		t.Errorf("usage after delete %+v", got)
-	}
-	// A claim seen before its slice counts once the slice arrives.
-	d.upsertClaim(vgputest.Claim("early").Allocated("gpu", "n3", "gpu-0", 1024, 0).Obj())
-	d.upsertSlice(vgputest.DRANodeSlice("n3", 1, 16384, "Tesla T4"))
-	if got := d.nodes["n3"].usage.GPU("n3-GPU-0").MemoryMiB; got != 1024 {
-		t.Errorf("claim before slice: %d MiB, want 1024", got)
-	}
-	d.deleteSlice(sl.Name)
-	d.deleteSlice(stale.Name)
-	if _, ok := d.nodes["n1"]; ok {
-		t.Error("n1 kept after its slices were deleted")
-	}
-}
-
-// TestDRAClaimOf checks the parsing of claims: defaults, rounding up to the driver's steps,
-// what is not modelled, and consumed capacity.
-func TestDRAClaimOf(t *testing.T) {
-	t.Parallel()
-	claim := vgputest.Claim("c").
-		Request("plain", vgpu.DRADriverName, 0, 0, 0).
-		Request("sized", vgpu.DRADriverName, 2, 1024, 30).
-		Request("admin", vgpu.DRADriverName, 1, 0, 0).
-		Request("huge", vgpu.DRADriverName, 33, 0, 0).Obj()
-	claim.Spec.Devices.Requests[2].Exactly.AdminAccess = ptr.To(true)
-	claim.Spec.Devices.Requests = append(claim.Spec.Devices.Requests, resourcev1.DeviceRequest{Name: "list", FirstAvailable: []resourcev1.DeviceSubRequest{{Name: "a"}}})
-	claim.Spec.Devices.Constraints = []resourcev1.DeviceConstraint{{Requests: []string{"sized"}, MatchAttribute: ptr.To(resourcev1.FullyQualifiedName("gpuslice.hami.io/numaNode"))}}
-	got := draClaimOf(claim)
-	want := &draClaim{namespace: "default", name: "c", numa: true, requests: []claimRequest{
-		{name: "plain", class: vgpu.DRADriverName, modeled: true, count: 1},
-		{name: "sized", class: vgpu.DRADriverName, modeled: true, count: 2, memoryMiB: 1024, cores: 30},
-		{name: "admin", class: vgpu.DRADriverName},
-		{name: "huge", class: vgpu.DRADriverName},
-		{name: "list"},
-	}}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(draClaim{}, claimRequest{}, claimResult{})); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-}
-
-// TestSelectorModels checks the reading of the webhook's and the chart's model selectors back
-// into a model filter, and that other expressions are not read.
-func TestSelectorModels(t *testing.T) {
-	t.Parallel()
-	contains := func(m string) string {
-		return `device.attributes["gpuslice.hami.io"].model.lowerAscii().contains("` + m + `")`
-	}
-	tests := []struct {
-		expr            string
-		models, exclude []string
-		ok              bool
-	}{
-		{contains("a100"), []string{"a100"}, nil, true},
-		{contains("a100") + " || " + contains("h100"), []string{"a100", "h100"}, nil, true},
-		{"!(" + contains("t4") + ")", nil, []string{"t4"}, true},
-		{contains(`a " || b`), nil, nil, false},
-		{contains(`a \" || b`), []string{`a " || b`}, nil, true},
-		{`device.driver == "gpuslice.hami.io" && device.attributes["gpuslice.hami.io"].model == "NVIDIA A100-SXM4-80GB"`, []string{"NVIDIA A100-SXM4-80GB"}, nil, true},
-		{`device.attributes["gpuslice.hami.io"].uuid in ["GPU-0"]`, nil, nil, false},
-		{`device.driver == "gpuslice.hami.io"`, nil, nil, false},
-		{contains(""), nil, nil, false},
-		{"", nil, nil, false},
-	}
-	for _, tt := range tests {
-		models, exclude, ok := selectorModels(tt.expr)
-		if diff := cmp.Diff([]any{tt.models, tt.exclude, tt.ok}, []any{models, exclude, ok}); diff != "" {
-			t.Errorf("selectorModels(%q) (-want +got):\n%s", tt.expr, diff)
-		}
-	}
-}
-
-// TestRankScores checks the ranking onto 0..10.
-func TestRankScores(t *testing.T) {
-	t.Parallel()
-	s := func(v int, raw float64) *vgpu.NodeScore { return &vgpu.NodeScore{Value: v, Raw: raw} }
-	got := rankScores([]*vgpu.NodeScore{s(50, 0.5), nil, s(80, 0.8), s(50, 0.5), s(50, 0.4)})
-	if diff := cmp.Diff([]int64{9, 0, 10, 9, 8}, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	many := make([]*vgpu.NodeScore, 20)
-	for i := range many {
-		many[i] = s(i, 0)
-	}
-	if got := rankScores(many); got[0] != 1 || got[19] != 10 || got[9] != 1 {
-		t.Errorf("20 distinct scores: %v; want 10 down to 1, then 1", got)
-	}
-}
-
 // TestDRAWorkload checks that the online workload counts a DRA pod once, with its claims' GPU
 // request and model filter, when it is first scored, and not as a pod without GPUs when the pod
 // informer sees it.
@@ -351,7 +215,7 @@ func TestDRAWorkload(t *testing.T) {
 	cfg.DRA, cfg.NodePolicy = true, vgpu.PolicyFragmentation
 	e := newEnv(t, cfg, a, vgputest.DRAClass(), claim)
 	e.createPod(pod)
-	waitFor(t, "claim seen", func() bool { return len(e.s.dra.draPodFor(pod).requests) == 1 })
+	waitFor(t, "claim seen", func() bool { return e.s.dra.PodRequests(pod) == 1 })
 	counted := func() int {
 		e.s.workload.mu.Lock()
 		defer e.s.workload.mu.Unlock()
@@ -395,7 +259,7 @@ func TestDRARace(t *testing.T) {
 	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 8192, 10))
 	objs = append(objs, claim)
 	e := draEnv(t, vgpu.PolicyFragmentation, objs...)
-	waitFor(t, "claim seen", func() bool { return len(e.s.dra.draPodFor(pod).requests) == 1 })
+	waitFor(t, "claim seen", func() bool { return e.s.dra.PodRequests(pod) == 1 })
 	ctx := context.Background()
 	done := make(chan struct{})
 	go func() {
@@ -434,31 +298,4 @@ func TestDRARace(t *testing.T) {
 	}
 	wg.Wait()
 	<-done
-}
-
-// BenchmarkPrioritizeDRA scores one DRA pod over 1,000 DRA nodes of 8 GPUs, each holding a few
-// claims, under the fragmentation policy: the cost of one /dra/prioritize call without HTTP.
-func BenchmarkPrioritizeDRA(b *testing.B) {
-	const nodes = 1000
-	d := newDRAState()
-	s := &Scheduler{dra: d, fitOptions: vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation},
-		state: newClusterState(vgpu.ResourceGPU, time.Now, time.Minute, vgpu.DefaultWorkload())}
-	d.upsertClass(vgputest.DRAClass())
-	names := make([]string, nodes)
-	for i := range nodes {
-		names[i] = fmt.Sprintf("n%04d", i)
-		d.upsertSlice(vgputest.DRANodeSlice(names[i], 8, 81920, "NVIDIA A100-SXM4-80GB"))
-		for k := range i % 5 {
-			d.upsertClaim(vgputest.Claim(fmt.Sprintf("held-%d-%d", i, k)).Allocated("gpu", names[i], fmt.Sprintf("gpu-%d", k), 20480, 20).Obj())
-		}
-	}
-	pod, claim := vgputest.DRAPod("p", vgputest.Claim("p-gpu").Request("gpu", vgpu.DRADriverName, 1, 10240, 30))
-	d.upsertClaim(claim)
-	ctx := context.Background()
-	b.ResetTimer()
-	for range b.N {
-		if _, _, ok := s.draScores(ctx, pod, names); !ok {
-			b.Fatal("not scored")
-		}
-	}
 }

@@ -56,3 +56,6 @@ func fuzzEndpointWith(f *testing.F, path string, dra bool) {
 func FuzzFilter(f *testing.F)     { fuzzEndpoint(f, "/filter") }
 func FuzzPrioritize(f *testing.F) { fuzzEndpoint(f, "/prioritize") }
 func FuzzBind(f *testing.F)       { fuzzEndpoint(f, "/bind") }
+
+// FuzzDRAPrioritize posts stranger bodies to /dra/prioritize.
+func FuzzDRAPrioritize(f *testing.F) { fuzzEndpointWith(f, "/dra/prioritize", true) }
