@@ -19,7 +19,7 @@ export CGO_CFLAGS  := -Wno-deprecated-declarations
 # The nested module test/ holds the tests that run real Kubernetes code.
 MODULES    := . test
 # Packages with fuzz targets (make fuzz); make test runs their seed corpora only.
-FUZZ_PKGS   := ./vgpu ./extender ./webhook ./deviceplugin ./node/handoff ./node/kubeletstate
+FUZZ_PKGS   := ./vgpu ./extender ./extender/drascore ./webhook ./deviceplugin ./node/handoff ./node/kubeletstate
 # Packages with golden files (tests named *Golden*, flag -update).
 GOLDEN_PKGS := ./vgpu/ ./webhook/ ./extender/ ./internal/inspect/
 # make image: one image with every binary, assembled by test/image from the built binaries and

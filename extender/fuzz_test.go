@@ -35,7 +35,7 @@ func fuzzEndpointWith(f *testing.F, path string, dra bool) {
 	cfg := testConfig()
 	cfg.DRA = dra
 	if dra {
-		n1 = append(n1, draNodeObjects("n2", 2, 16384, "Tesla T4"), vgputest.DRAClass())
+		n1 = append(n1, vgputest.DRANodeSlice("n2", 2, 16384, "Tesla T4"), vgputest.DRAClass())
 	}
 	e := newEnv(f, cfg, n1...)
 	h := e.s.Handler()
@@ -56,3 +56,6 @@ func fuzzEndpointWith(f *testing.F, path string, dra bool) {
 func FuzzFilter(f *testing.F)     { fuzzEndpoint(f, "/filter") }
 func FuzzPrioritize(f *testing.F) { fuzzEndpoint(f, "/prioritize") }
 func FuzzBind(f *testing.F)       { fuzzEndpoint(f, "/bind") }
+
+// FuzzDRAPrioritize posts stranger bodies to /dra/prioritize.
+func FuzzDRAPrioritize(f *testing.F) { fuzzEndpointWith(f, "/dra/prioritize", true) }

@@ -154,6 +154,21 @@ func (n *nodeState) hostFreeLocked() *vgpu.HostResources {
 	return &free
 }
 
+// ReadHosts runs fn under st.mu's read lock with the workload and each
+// node's free CPU and memory (hostFreeLocked; nil for a node st does not
+// know): drascore.HostReader, for the DRA scoring, which calls it with its
+// own lock held. fn must not take st.mu.
+func (st *clusterState) ReadHosts(fn func(w *vgpu.Workload, hostFree func(node string) *vgpu.HostResources)) {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	fn(st.workload, func(node string) *vgpu.HostResources {
+		if n := st.nodes[node]; n != nil {
+			return n.hostFreeLocked()
+		}
+		return nil
+	})
+}
+
 // hostAllocatableOf reads a Node's allocatable CPU and memory (MiB, rounded
 // down); nil when it has no allocatable CPU (a Node not yet reported by its
 // kubelet).

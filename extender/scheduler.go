@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/extender/drascore"
 	"github.com/gpuslice/gpuslice/extender/retry"
 	"github.com/gpuslice/gpuslice/internal/eventqueue"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -87,7 +88,7 @@ type Scheduler struct {
 	// runs it.
 	events *eventqueue.Queue
 	// dra is the DRA nodes and claims (Config.DRA); nil when off.
-	dra *draState
+	dra *drascore.State
 	// unconfirmed are the pods Bind bound that the pod informer's cache
 	// did not have (confirmBinds).
 	unconfirmed unconfirmedBinds
@@ -140,8 +141,8 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 	}
 	s.state.listener = s.retries
 	if cfg.DRA {
-		s.dra = newDRAState()
-		s.state.extraSupply = s.dra.supply
+		s.dra = drascore.New(s.fitOptions, s.state)
+		s.state.extraSupply = s.dra.Supply
 	}
 	events := opts.EventClient
 	if events == nil {
@@ -233,7 +234,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		// A deleted pod is forgotten by the online workload's DRA count.
 		forget := handlers(func(any) {}, func(obj any) {
 			if o, err := meta.Accessor(obj); err == nil {
-				s.dra.forgetPod(o.GetUID())
+				s.dra.ForgetPod(o.GetUID())
 			}
 		})
 		if err := errors.Join(s.watchDRA(cluster, draSlices, register), register(cluster.Core().V1().Pods().Informer(), forget)); err != nil {
@@ -385,7 +386,7 @@ func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.Transform
 		case *corev1.Node:
 			return nodeMetaOf(o, resource, reuse), nil
 		case *resourcev1.ResourceClaim:
-			return trimClaim(o), nil
+			return drascore.TrimClaim(o), nil
 		case *coordinationv1.Lease:
 			// Only heartbeat Leases are watched: the renewal and the
 			// heartbeat annotation are all the extender reads.

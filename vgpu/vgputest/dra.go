@@ -1,6 +1,7 @@
 package vgputest
 
 import (
+	"fmt"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -138,4 +139,22 @@ func (b *PodBuilder) ClaimFromTemplate(name, template, claim string) *PodBuilder
 func (b *PodBuilder) ClaimName(name, claim string) *PodBuilder {
 	b.pod.Spec.ResourceClaims = append(b.pod.Spec.ResourceClaims, corev1.PodResourceClaim{Name: name, ResourceClaimName: ptr.To(claim)})
 	return b
+}
+
+// DRANodeSlice returns the ResourceSlice (DRASlice) of DRA node name with gpus GPUs of memMiB and
+// model: UUIDs "<name>-GPU-<i>", devices "gpu-<i>".
+func DRANodeSlice(name string, gpus int, memMiB int64, model string) *resourcev1.ResourceSlice {
+	b := Node(name)
+	for i := range gpus {
+		uuid := fmt.Sprintf("%s-GPU-%d", name, i)
+		b.GPU(uuid, memMiB).Model(uuid, model)
+	}
+	return DRASlice(b.Obj())
+}
+
+// DRAPod returns pod name, one container "main" with a pod claim "gpu" made from a template
+// into claim "<name>-gpu", and the claim b builds, owned by the pod.
+func DRAPod(name string, b *ClaimBuilder) (*corev1.Pod, *resourcev1.ResourceClaim) {
+	pod := Pod(name).Container("main").ClaimFromTemplate("gpu", "tmpl", name+"-gpu").Obj()
+	return pod, b.OwnedBy(pod).Obj()
 }

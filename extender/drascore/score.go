@@ -1,4 +1,4 @@
-package extender
+package drascore
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
-	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -33,7 +32,7 @@ type draPodRequest struct {
 // draPodLocked reads the claims of pod that exist, are the pod's (a claim made from a template
 // must be owned by the pod) and are not allocated yet, with the requests that name a DeviceClass
 // the extender knows. Callers hold d's read lock.
-func (d *draState) draPodLocked(pod *corev1.Pod) draPod {
+func (d *State) draPodLocked(pod *corev1.Pod) draPod {
 	out := draPod{host: vgpu.HostRequestOf(pod)}
 	for name, mustCheckOwner := range resourceclaim.PodClaims(pod) {
 		c := d.claims[pod.Namespace+"/"+name]
@@ -52,60 +51,48 @@ func (d *draState) draPodLocked(pod *corev1.Pod) draPod {
 	return out
 }
 
-// PrioritizeDRA scores the candidate nodes for a pod whose claims ask for gpuslice's DRA devices,
-// for a kube-scheduler extender with prioritizeVerb dra/prioritize and no managedResources (asked
-// about every pod of the profile). On each node it places the claims' requests as the allocator
-// would — each request on the first devices, in the node's ResourceSlice order, that match its
-// class's and its own selectors and have its capacity free — and scores the node by vgpu.Score
-// under the node policy (the pod's hami.io/node-policy, else Config.NodePolicy). The nodes are
-// then ranked: the best score gets extenderv1.MaxExtenderPriority, each worse distinct score one
-// less, down to 1; nodes where the requests do not fit get 0.
-//
-// Every node scores 0 — neutral, leaving the choice to kube-scheduler's own scores — for a pod
-// whose claims ask for no gpuslice device (a request is gpuslice's when some candidate node has
-// a device of the driver that its selectors match), for a pod with a gpuslice request the
-// scoring does not model (a prioritized list, allocation mode All, admin access), and before the
-// informers synced. Allocated claims (a shared claim placed before) add nothing. The first time
-// it scores a pod, the online workload counts the pod's requests (Config.Workload).
-//
-// It reads the informers' state only and is safe to call concurrently; the error wraps
-// ErrBadArgs.
-func (s *Scheduler) PrioritizeDRA(ctx context.Context, args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
-	names, err := candidates(args)
-	if err != nil {
-		return nil, err
-	}
-	list := make(extenderv1.HostPriorityList, len(names))
-	for i, name := range names {
-		list[i].Host = name
-	}
-	if s.dra == nil || !s.Ready() {
-		return list, nil
-	}
-	scores, demand, ok := s.draScores(ctx, args.Pod, names)
-	if !ok {
-		return list, nil
-	}
-	if s.workload != nil && s.dra.countOnce(args.Pod.UID) {
-		s.workload.add(demand)
-	}
-	for i, v := range rankScores(scores) {
-		list[i].Score = v
-	}
-	klog.FromContext(ctx).V(5).Info("Prioritized DRA pod", "pod", klog.KObj(args.Pod), "scores", list)
-	return list, nil
+// PodRequests is how many requests of pod's claims Score would place: see draPodLocked.
+func (d *State) PodRequests(pod *corev1.Pod) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.draPodLocked(pod).requests)
 }
 
-// draScores places pod on each node of names: the score where it fits (nil where it does not),
-// and the pod's demand for the workload. ok is false when the pod is scored neutrally (see
-// PrioritizeDRA).
-func (s *Scheduler) draScores(ctx context.Context, pod *corev1.Pod, names []string) (scores []*vgpu.NodeScore, demand vgpu.PodDemand, ok bool) {
-	d := s.dra
+// HostReader reads the cluster state the scoring needs besides its own: ReadHosts calls fn once,
+// with the workload Fit measures fragmentation against and each node's free CPU and memory (nil
+// where the node is unknown or has no allocatable), and holds the cluster state's read lock
+// while fn runs, so fn must not take it. State calls it with its own read lock held.
+type HostReader interface {
+	ReadHosts(fn func(w *vgpu.Workload, hostFree func(node string) *vgpu.HostResources))
+}
+
+// Result is a pod scored on the candidate nodes (Score).
+type Result struct {
+	// Scores are by position of the names asked about: nil where the pod does not fit, or on a
+	// node that is no DRA node.
+	Scores []*vgpu.NodeScore
+	// Demand is the pod's demand, as the online workload counts it.
+	Demand vgpu.PodDemand
+}
+
+// Score places pod's claims on each node of names as kube-scheduler's DRA allocator would —
+// each request on the first devices, in the node's ResourceSlice order, that match its class's
+// and its own selectors and have its capacity free — and scores each node where they fit by
+// vgpu.Score under the node policy (the pod's hami.io/node-policy, else the FitOptions given to
+// New). It reports false when the pod is to be scored neutrally: its claims ask for no gpuslice
+// device (a request is gpuslice's when some node of names has a device of the driver that its
+// selectors match), or a gpuslice request is one the scoring does not model (a prioritized
+// list, allocation mode All, admin access). Allocated claims (a shared claim placed before) add
+// nothing.
+//
+// It takes State's read lock, then the cluster state's through HostReader; safe to call
+// concurrently.
+func (d *State) Score(ctx context.Context, pod *corev1.Pod, names []string) (Result, bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	p := d.draPodLocked(pod)
 	if len(p.requests) == 0 {
-		return nil, vgpu.PodDemand{}, false
+		return Result{}, false
 	}
 	// eligible[i][r]: the devices of node i that request r's selectors match, by UUID; nil where
 	// the node is no DRA node.
@@ -133,61 +120,56 @@ func (s *Scheduler) draScores(ctx context.Context, pod *corev1.Pod, names []stri
 			continue
 		}
 		if !p.requests[r].modeled {
-			return nil, vgpu.PodDemand{}, false
+			return Result{}, false
 		}
 		keep = append(keep, r)
 	}
 	if len(keep) == 0 {
-		return nil, vgpu.PodDemand{}, false
+		return Result{}, false
 	}
-	demand = p.demand(keep)
+	demand := p.demand(keep)
 	cons, err := vgpu.ConstraintsFromPod(pod)
 	if err == nil {
 		demand.Constraints.NodePolicy = cons.NodePolicy
 	}
-	opts := s.fitOptions
+	opts := d.fit
 	opts.GPUPolicy, opts.ReasonOnly, opts.NoAllocation = vgpu.PolicyFirstFit, true, true
 
-	st := s.state
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	opts.Workload = st.workload
-	scores = make([]*vgpu.NodeScore, len(names))
-	for i, name := range names {
-		n := d.nodes[name]
-		if n == nil {
-			continue
-		}
-		on := demand
-		on.Request.Containers = slices.Clone(demand.Request.Containers)
-		fits := true
-		for k, r := range keep {
-			uuids := eligible[i][r]
-			switch {
-			case len(uuids) == 0:
-				fits = false
-			case len(uuids) < len(n.inv.GPUs):
-				on.Request.Containers[k].UUIDs = uuids
+	scores := make([]*vgpu.NodeScore, len(names))
+	d.hosts.ReadHosts(func(w *vgpu.Workload, hostFree func(node string) *vgpu.HostResources) {
+		opts.Workload = w
+		for i, name := range names {
+			n := d.nodes[name]
+			if n == nil {
+				continue
+			}
+			on := demand
+			on.Request.Containers = slices.Clone(demand.Request.Containers)
+			fits := true
+			for k, r := range keep {
+				uuids := eligible[i][r]
+				switch {
+				case len(uuids) == 0:
+					fits = false
+				case len(uuids) < len(n.inv.GPUs):
+					on.Request.Containers[k].UUIDs = uuids
+				}
+			}
+			if !fits {
+				continue
+			}
+			placed, err := vgpu.Fit(on, vgpu.NodeState{Inventory: n.inv, Usage: &n.usage, HostFree: hostFree(name)}, opts)
+			if err == nil {
+				score := vgpu.Score(placed)
+				scores[i] = &score
 			}
 		}
-		if !fits {
-			continue
-		}
-		var host *vgpu.HostResources
-		if ns := st.nodes[name]; ns != nil {
-			host = ns.hostFreeLocked()
-		}
-		placed, err := vgpu.Fit(on, vgpu.NodeState{Inventory: n.inv, Usage: &n.usage, HostFree: host}, opts)
-		if err == nil {
-			score := vgpu.Score(placed)
-			scores[i] = &score
-		}
-	}
-	return scores, demand, true
+	})
+	return Result{Scores: scores, Demand: demand}, true
 }
 
 // matchesAllLocked reports whether device pos of n matches every expression.
-func (d *draState) matchesAllLocked(ctx context.Context, n *draNode, exprs []string, pos int) bool {
+func (d *State) matchesAllLocked(ctx context.Context, n *draNode, exprs []string, pos int) bool {
 	for _, e := range exprs {
 		if !d.matchesLocked(ctx, n, e, pos) {
 			return false
@@ -226,10 +208,10 @@ func (p draPod) demand(keep []int) vgpu.PodDemand {
 	return out
 }
 
-// rankScores ranks scores (nil: does not fit) onto kube-scheduler's extender range: the best
+// Rank ranks scores (nil: does not fit) onto kube-scheduler's extender range: the best
 // extenderv1.MaxExtenderPriority, each worse distinct score (vgpu.NodeScore.Compare) one less,
-// at least 1; nil gets 0.
-func rankScores(scores []*vgpu.NodeScore) []int64 {
+// at least 1; nil gets 0. The result is by position of scores.
+func Rank(scores []*vgpu.NodeScore) []int64 {
 	var order []int
 	for i, s := range scores {
 		if s != nil {

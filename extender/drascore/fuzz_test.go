@@ -1,10 +1,9 @@
-package extender
+package drascore
 
 import (
 	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -56,25 +55,23 @@ func FuzzDRAClaim(f *testing.F) {
 				}
 			}
 		}
-		d := newDRAState()
-		s := &Scheduler{dra: d, fitOptions: vgpu.FitOptions{NodePolicy: vgpu.PolicyFragmentation},
-			state: newClusterState(vgpu.ResourceGPU, time.Now, time.Minute, vgpu.DefaultWorkload())}
-		d.upsertClass(vgputest.DRAClass())
-		d.upsertSlice(draNodeObjects("n1", 2, 16384, "NVIDIA A100-SXM4-80GB"))
-		d.upsertSlice(draNodeObjects("n2", 2, 16384, "Tesla T4"))
-		pod, _ := draPodWith("p", vgputest.Claim("p-gpu"))
+		d := newTestState()
+		d.UpsertClass(vgputest.DRAClass())
+		d.UpsertSlice(vgputest.DRANodeSlice("n1", 2, 16384, "NVIDIA A100-SXM4-80GB"))
+		d.UpsertSlice(vgputest.DRANodeSlice("n2", 2, 16384, "Tesla T4"))
+		pod, _ := vgputest.DRAPod("p", vgputest.Claim("p-gpu"))
 		claim.Namespace, claim.Name = pod.Namespace, "p-gpu"
 		claim.OwnerReferences = vgputest.Claim("p-gpu").OwnedBy(pod).Obj().OwnerReferences
-		d.upsertClaim(&claim)
-		scores, _, ok := s.draScores(context.Background(), pod, names)
+		d.UpsertClaim(&claim)
+		res, ok := d.Score(context.Background(), pod, names)
 		if ok {
-			for i, v := range rankScores(scores) {
+			for i, v := range Rank(res.Scores) {
 				if v < 0 || v > extenderv1.MaxExtenderPriority {
 					t.Fatalf("score %d for %s", v, names[i])
 				}
 			}
 		}
-		d.deleteClaim(claim.Namespace + "/" + claim.Name)
+		d.DeleteClaim(&claim)
 		for _, n := range d.nodes {
 			for _, g := range n.inv.GPUs {
 				if u := n.usage.GPU(g.UUID); u != (vgpu.GPUUsage{}) {
@@ -84,6 +81,3 @@ func FuzzDRAClaim(f *testing.F) {
 		}
 	})
 }
-
-// FuzzDRAPrioritize posts stranger bodies to /dra/prioritize.
-func FuzzDRAPrioritize(f *testing.F) { fuzzEndpointWith(f, "/dra/prioritize", true) }

@@ -1,4 +1,4 @@
-package extender
+package drascore
 
 import (
 	"cmp"
@@ -10,31 +10,25 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// DRA scoring (Config.DRA, docs/dra.md): kube-scheduler's own DRA allocator places the claims of
-// pods on DRA-mode nodes, taking the first device of a node that fits and leaving the choice of
-// node to CPU and memory scores. The extender keeps, from informers, each DRA node's GPUs (the
-// devices of the gpuslice driver's ResourceSlices, in the allocator's order) and what the
-// allocated ResourceClaims consume of them, and answers POST /dra/prioritize: for each candidate
-// node it places the pod's claims by the allocator's first fit (vgpu.PolicyFirstFit) and ranks
-// the nodes by vgpu.Score, as the device-plugin mode ranks them.
-
-// draCELCacheSize bounds the compiled selector expressions kept: a cluster's claims name few
+// celCacheSize bounds the compiled selector expressions kept: a cluster's claims name few
 // distinct ones (the webhook writes one per model filter).
-const draCELCacheSize = 1024
+const celCacheSize = 1024
 
-// draState is what the DRA informers have told the extender. mu guards every field but counted;
-// informer handlers write under the write lock, PrioritizeDRA reads under the read lock. Code
-// that holds clusterState.mu never takes mu (PrioritizeDRA takes mu first, then
-// clusterState.mu).
-type draState struct {
+// State is what the DRA informers have told the extender: the DRA nodes' GPUs and what the
+// allocated claims hold of them, the claims and the DeviceClasses. Its methods are safe for
+// concurrent use: the informer handlers (Upsert*, Delete*) take its write lock, Score and the
+// other reads its read lock, CountOnce and ForgetPod a lock of their own.
+//
+// Lock order: State's lock before the cluster state's. Score holds its read lock while it
+// calls HostReader.ReadHosts, so code that holds the cluster state's lock never calls State.
+type State struct {
+	// mu guards the maps up to cel; cel, fit and hosts are set by New.
 	mu sync.RWMutex
 	// slices are the driver's node-local ResourceSlices by name.
 	slices map[string]*draSlice
@@ -48,9 +42,12 @@ type draState struct {
 	classes map[string][]string
 	// cel compiles selectors once; safe for concurrent use.
 	cel *cel.Cache
+	// fit is the base of the options each node is fitted with; hosts reads the cluster state.
+	fit   vgpu.FitOptions
+	hosts HostReader
 
-	// counted holds the pods the online workload counted (PrioritizeDRA), so that each counts
-	// once; forgotten when the pod is deleted.
+	// counted holds the pods the online workload counted (CountOnce), so that each counts
+	// once; forgotten when the pod is deleted (ForgetPod).
 	countedMu sync.Mutex
 	counted   map[types.UID]struct{}
 }
@@ -77,49 +74,31 @@ type draNode struct {
 	// usage is the allocated claims' consumption.
 	usage vgpu.NodeUsage
 	// matches caches, per CEL expression, whether each device matches it; reset when the
-	// devices change. matchMu guards it: PrioritizeDRA fills it under draState's read lock.
+	// devices change. matchMu guards it: Score fills it under State's read lock.
 	matchMu sync.Mutex
 	matches map[string][]bool
 }
 
-func newDRAState() *draState {
-	return &draState{
+// New returns an empty State whose Score fits each node with fit (its GPUPolicy, ReasonOnly,
+// NoAllocation and Workload replaced: see Score) and reads the cluster state through hosts.
+func New(fit vgpu.FitOptions, hosts HostReader) *State {
+	return &State{
 		slices:  map[string]*draSlice{},
 		nodes:   map[string]*draNode{},
 		claims:  map[string]*draClaim{},
 		byPool:  map[string]map[string]struct{}{},
 		classes: map[string][]string{},
-		cel:     cel.NewCache(draCELCacheSize, cel.Features{EnableConsumableCapacity: true}),
+		cel:     cel.NewCache(celCacheSize, cel.Features{EnableConsumableCapacity: true}),
+		fit:     fit,
+		hosts:   hosts,
 		counted: map[types.UID]struct{}{},
 	}
 }
 
-// watchDRA registers the DRA informers of factory (ResourceSlices of the gpuslice driver,
-// ResourceClaims, DeviceClasses) with register; slices come from their own factory, which
-// lists only the driver's. The caller starts both factories.
-func (s *Scheduler) watchDRA(cluster, sliceFactory informers.SharedInformerFactory, register func(cache.SharedIndexInformer, cache.ResourceEventHandlerFuncs) error) error {
-	d := s.dra
-	if err := register(sliceFactory.Resource().V1().ResourceSlices().Informer(), handlers(d.upsertSlice, func(sl *resourcev1.ResourceSlice) { d.deleteSlice(sl.Name) })); err != nil {
-		return err
-	}
-	if err := register(cluster.Resource().V1().ResourceClaims().Informer(), handlers(d.upsertClaim, func(c *resourcev1.ResourceClaim) { d.deleteClaim(c.Namespace + "/" + c.Name) })); err != nil {
-		return err
-	}
-	return register(cluster.Resource().V1().DeviceClasses().Informer(), handlers(d.upsertClass, func(c *resourcev1.DeviceClass) { d.deleteClass(c.Name) }))
-}
-
-// draSliceFactory is an informer factory whose ResourceSlices are only the gpuslice driver's.
-func draSliceFactory(s *Scheduler) informers.SharedInformerFactory {
-	return informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trimmer("", nil)),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = resourcev1.ResourceSliceSelectorDriver + "=" + vgpu.DRADriverName
-		}))
-}
-
-// trimClaim keeps of a ResourceClaim what draClaimOf reads: identity, owners, requests and
+// TrimClaim keeps of a ResourceClaim what the State reads: identity, owners, requests and
 // constraints (not their configuration), and the allocation's results (not its configuration,
-// node selector or reservations).
-func trimClaim(c *resourcev1.ResourceClaim) *resourcev1.ResourceClaim {
+// node selector or reservations). It is the claim informer's transform; c is not modified.
+func TrimClaim(c *resourcev1.ResourceClaim) *resourcev1.ResourceClaim {
 	out := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{
 		Name: c.Name, Namespace: c.Namespace, UID: c.UID, ResourceVersion: c.ResourceVersion, OwnerReferences: c.OwnerReferences,
 	}}
@@ -131,8 +110,9 @@ func trimClaim(c *resourcev1.ResourceClaim) *resourcev1.ResourceClaim {
 	return out
 }
 
-// upsertSlice records a slice added or updated and rebuilds the nodes it was and is on.
-func (d *draState) upsertSlice(sl *resourcev1.ResourceSlice) {
+// UpsertSlice records a slice added or updated and rebuilds the nodes it was and is on; a
+// slice of another driver or of no node holds no GPUs.
+func (d *State) UpsertSlice(sl *resourcev1.ResourceSlice) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var nodes []string
@@ -154,12 +134,12 @@ func (d *draState) upsertSlice(sl *resourcev1.ResourceSlice) {
 	}
 }
 
-// deleteSlice records a slice deleted.
-func (d *draState) deleteSlice(name string) {
+// DeleteSlice records slice sl deleted.
+func (d *State) DeleteSlice(sl *resourcev1.ResourceSlice) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if old := d.slices[name]; old != nil {
-		delete(d.slices, name)
+	if old := d.slices[sl.Name]; old != nil {
+		delete(d.slices, sl.Name)
 		d.rebuildLocked(old.node)
 	}
 }
@@ -168,7 +148,7 @@ func (d *draState) deleteSlice(name string) {
 // only a pool's newest generation and only complete pools (every one of its resourceSliceCount
 // slices seen), slices by name. A node left without slices is dropped. Callers hold the write
 // lock.
-func (d *draState) rebuildLocked(node string) {
+func (d *State) rebuildLocked(node string) {
 	byPool := map[string][]*draSlice{}
 	for _, sl := range d.slices {
 		if sl.node == node {
@@ -250,7 +230,7 @@ func (n *draNode) addDevice(pool string, dev *resourcev1.Device) {
 }
 
 // usageLocked recomputes what the allocated claims hold on n. Callers hold the write lock.
-func (d *draState) usageLocked(n *draNode) {
+func (d *State) usageLocked(n *draNode) {
 	n.usage = vgpu.NodeUsage{}
 	seen := map[string]bool{}
 	for _, pool := range n.pools {
@@ -292,9 +272,9 @@ func (n *draNode) allocationOf(c *draClaim) (vgpu.PodAllocation, vgpu.PodRequest
 	return alloc, req
 }
 
-// upsertClaim records a claim added or updated and recomputes the usage of the nodes of the
+// UpsertClaim records a claim added or updated and recomputes the usage of the nodes of the
 // pools its allocation had and has.
-func (d *draState) upsertClaim(claim *resourcev1.ResourceClaim) {
+func (d *State) UpsertClaim(claim *resourcev1.ResourceClaim) {
 	c := draClaimOf(claim)
 	key := claim.Namespace + "/" + claim.Name
 	d.mu.Lock()
@@ -302,15 +282,15 @@ func (d *draState) upsertClaim(claim *resourcev1.ResourceClaim) {
 	d.replaceClaimLocked(key, c)
 }
 
-// deleteClaim records a claim deleted: what it held is free.
-func (d *draState) deleteClaim(key string) {
+// DeleteClaim records claim deleted: what it held is free.
+func (d *State) DeleteClaim(claim *resourcev1.ResourceClaim) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.replaceClaimLocked(key, nil)
+	d.replaceClaimLocked(claim.Namespace+"/"+claim.Name, nil)
 }
 
 // replaceClaimLocked puts c (nil: none) under key and recomputes the nodes whose usage changes.
-func (d *draState) replaceClaimLocked(key string, c *draClaim) {
+func (d *State) replaceClaimLocked(key string, c *draClaim) {
 	pools := map[string]bool{}
 	if old := d.claims[key]; old != nil {
 		for _, r := range old.results {
@@ -342,8 +322,8 @@ func (d *draState) replaceClaimLocked(key string, c *draClaim) {
 	}
 }
 
-// upsertClass records a DeviceClass's selectors.
-func (d *draState) upsertClass(c *resourcev1.DeviceClass) {
+// UpsertClass records a DeviceClass's selectors.
+func (d *State) UpsertClass(c *resourcev1.DeviceClass) {
 	var exprs []string
 	for _, s := range c.Spec.Selectors {
 		if s.CEL != nil {
@@ -355,17 +335,17 @@ func (d *draState) upsertClass(c *resourcev1.DeviceClass) {
 	d.classes[c.Name] = exprs
 }
 
-// deleteClass records a DeviceClass deleted.
-func (d *draState) deleteClass(name string) {
+// DeleteClass records DeviceClass c deleted.
+func (d *State) DeleteClass(c *resourcev1.DeviceClass) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.classes, name)
+	delete(d.classes, c.Name)
 }
 
 // matchesLocked reports whether device pos of n matches expr, as the allocator evaluates it; an
 // expression that does not compile or fails on the device matches nothing. Callers hold d's read
 // lock.
-func (d *draState) matchesLocked(ctx context.Context, n *draNode, expr string, pos int) bool {
+func (d *State) matchesLocked(ctx context.Context, n *draNode, expr string, pos int) bool {
 	n.matchMu.Lock()
 	defer n.matchMu.Unlock()
 	m, ok := n.matches[expr]
@@ -386,8 +366,8 @@ func (d *draState) matchesLocked(ctx context.Context, n *draNode, expr string, p
 	return m[pos]
 }
 
-// supply returns the DRA nodes' healthy GPUs by model, for the workload's supply.
-func (d *draState) supply() map[string]int {
+// Supply returns the DRA nodes' healthy GPUs by model, for the workload's supply.
+func (d *State) Supply() map[string]int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	out := map[string]int{}
@@ -401,8 +381,20 @@ func (d *draState) supply() map[string]int {
 	return out
 }
 
-// countOnce reports whether pod uid was not counted yet, and records it counted.
-func (d *draState) countOnce(uid types.UID) bool {
+// NodeUsage returns a copy of what the allocated claims hold on DRA node node; empty for a node
+// that is none.
+func (d *State) NodeUsage(node string) *vgpu.NodeUsage {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if n := d.nodes[node]; n != nil {
+		return n.usage.Clone()
+	}
+	return &vgpu.NodeUsage{}
+}
+
+// CountOnce reports whether pod uid was not counted into the online workload yet, and records
+// it counted.
+func (d *State) CountOnce(uid types.UID) bool {
 	d.countedMu.Lock()
 	defer d.countedMu.Unlock()
 	if _, ok := d.counted[uid]; ok {
@@ -412,8 +404,8 @@ func (d *draState) countOnce(uid types.UID) bool {
 	return true
 }
 
-// forgetPod drops a deleted pod from counted.
-func (d *draState) forgetPod(uid types.UID) {
+// ForgetPod forgets that pod uid was counted (CountOnce): the pod was deleted.
+func (d *State) ForgetPod(uid types.UID) {
 	d.countedMu.Lock()
 	defer d.countedMu.Unlock()
 	delete(d.counted, uid)
