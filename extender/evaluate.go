@@ -87,8 +87,8 @@ func (d *demand) wantsGPU() bool { return len(d.pod.Request.Containers) > 0 }
 
 // placesWithoutGPU reports whether Filter and Prioritize judge d, a pod
 // that asks for no GPU, on each node rather than pass it everywhere: under
-// the fragmentation node policy, which sends it where CPU is most in
-// surplus over what the node's free GPUs will want (vgpu.Score).
+// a node policy that sends it where CPU is most in surplus over what the
+// node's free GPUs will want (vgpu.Policy.RanksByCPUSurplus: fragmentation).
 // kube-scheduler sends such pods only when the profile's extender manages
 // no resources (the chart's scheduler.extender.placePodsWithoutGPU).
 func (s *Scheduler) placesWithoutGPU(d *demand) bool {
@@ -96,7 +96,7 @@ func (s *Scheduler) placesWithoutGPU(d *demand) bool {
 	if policy == "" {
 		policy = s.cfg.NodePolicy
 	}
-	return !d.wantsGPU() && policy == vgpu.PolicyFragmentation && s.Ready()
+	return !d.wantsGPU() && policy.RanksByCPUSurplus() && s.Ready()
 }
 
 // demandOf reads pod's request and placement annotations. Its error names
