@@ -20,10 +20,9 @@ const (
 	// runs as a sidecar of the kube-scheduler that calls it (the chart's
 	// setup), so nothing outside the pod can reach /bind.
 	DefaultAddress = "127.0.0.1:8888"
-	// DefaultHeartbeatMaxAge is a little more than the device plugin's
-	// default Lease duration (40 s), so one late renewal (every 10 s) does
-	// not turn a node away.
-	DefaultHeartbeatMaxAge = 60 * time.Second
+	// DefaultHeartbeatMaxAge is HeartbeatMaxAge's default,
+	// vgpu.DefaultHeartbeatMaxAge, which gpuslice why assumes too.
+	DefaultHeartbeatMaxAge = vgpu.DefaultHeartbeatMaxAge
 	// DefaultBindTimeout leaves room inside a kube-scheduler httpTimeout of
 	// 10 s (see docs/extender.md) for the request itself.
 	DefaultBindTimeout = 5 * time.Second

@@ -87,8 +87,8 @@ func (d *demand) wantsGPU() bool { return len(d.pod.Request.Containers) > 0 }
 
 // placesWithoutGPU reports whether Filter and Prioritize judge d, a pod
 // that asks for no GPU, on each node rather than pass it everywhere: under
-// the fragmentation node policy, which sends it where CPU is most in
-// surplus over what the node's free GPUs will want (vgpu.Score).
+// a node policy that sends it where CPU is most in surplus over what the
+// node's free GPUs will want (vgpu.Policy.RanksByCPUSurplus: fragmentation).
 // kube-scheduler sends such pods only when the profile's extender manages
 // no resources (the chart's scheduler.extender.placePodsWithoutGPU).
 func (s *Scheduler) placesWithoutGPU(d *demand) bool {
@@ -96,32 +96,17 @@ func (s *Scheduler) placesWithoutGPU(d *demand) bool {
 	if policy == "" {
 		policy = s.cfg.NodePolicy
 	}
-	return !d.wantsGPU() && policy == vgpu.PolicyFragmentation && s.Ready()
+	return !d.wantsGPU() && policy.RanksByCPUSurplus() && s.Ready()
 }
 
-// demandOf reads pod's request and placement annotations. Its error names
-// the invalid values; the pod cannot be placed anywhere.
+// demandOf reads pod's demand (vgpu.DemandOf) for one call. Its error
+// names the pod and the invalid values; the pod cannot be placed anywhere.
 func demandOf(pod *corev1.Pod) (demand, error) {
-	d, err := podDemandOf(pod)
+	d, err := vgpu.DemandOf(pod)
 	if err != nil {
-		return demand{}, err
+		return demand{}, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return demand{uid: pod.UID, pod: d, key: fmt.Sprintf("%+v", d)}, nil
-}
-
-// podDemandOf is demandOf's vgpu.PodDemand.
-func podDemandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
-	req, err := vgpu.RequestFromPod(pod)
-	if err != nil {
-		return vgpu.PodDemand{}, fmt.Errorf("pod %s/%s: invalid GPU request: %w", pod.Namespace, pod.Name, err)
-	}
-	c, err := vgpu.ConstraintsFromPod(pod)
-	if err != nil {
-		return vgpu.PodDemand{}, fmt.Errorf("pod %s/%s: invalid placement annotation: %w", pod.Namespace, pod.Name, err)
-	}
-	// Host is what the fragmentation policy charges the node's CPU and
-	// memory with, beside the GPUs.
-	return vgpu.PodDemand{Request: req, Constraints: c, Host: vgpu.HostRequestOf(pod)}, nil
 }
 
 // verdict is the outcome for one node.
@@ -308,18 +293,15 @@ func (c *verdictCache) put(key string, gen uint64, v verdict) {
 	c.gens[i], c.keys[i], c.vs[i] = gen, key, v
 }
 
-// readinessLocked reports whether the device plugin serves node n: an
-// inventory, the ready label "true", allocatable GPUs (n.unready) and a
-// fresh heartbeat that says it is registered (vgpu.HeartbeatReadiness).
-// Callers hold st.mu.
+// readinessLocked reports whether the device plugin serves node n now, by
+// vgpu.PluginReadiness of what its Node says (n.readiness) and of its
+// heartbeat Lease. Callers hold st.mu.
 func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool) {
-	if n.unready != nil {
-		return *n.unready, false
+	maxAge := s.cfg.HeartbeatMaxAge.Duration
+	if n.readiness.Ready() && n.heartbeatFine && now.Sub(n.heartbeatRenewed) <= maxAge {
+		return verdict{}, true // what PluginReadiness says of a ready Node with a fresh, sound heartbeat
 	}
-	if n.heartbeatFine && now.Sub(n.heartbeatRenewed) <= s.cfg.HeartbeatMaxAge.Duration {
-		return verdict{}, true // what HeartbeatReadiness says of a fresh, sound heartbeat
-	}
-	if r := vgpu.HeartbeatReadiness(n.heartbeat(), now, s.cfg.HeartbeatMaxAge.Duration, s.cfg.HeartbeatNamespace); !r.Ready() {
+	if r := vgpu.PluginReadiness(n.readiness, n.heartbeat(), now, maxAge, s.cfg.HeartbeatNamespace); !r.Ready() {
 		return unreadyVerdict(r), false
 	}
 	return verdict{}, true
@@ -329,20 +311,6 @@ func (s *Scheduler) readinessLocked(n *nodeState, now time.Time) (verdict, bool)
 // no eviction helps.
 func unreadyVerdict(r vgpu.Readiness) verdict {
 	return verdict{reason: r.Reason, message: r.Message, unresolvable: true, node: -1}
-}
-
-// nodeUnready judges what a Node says of its device plugin
-// (vgpu.NodeReadiness): the verdict of the first check that fails, or nil
-// when all pass. upsertNode calls it once per Node event, so Filter neither
-// re-parses the label nor re-formats these messages for every candidate
-// node.
-func nodeUnready(inventoryErr error, label string, hasLabel bool, allocatable int64, resource corev1.ResourceName) *verdict {
-	r := vgpu.NodeReadiness(inventoryErr, label, hasLabel, allocatable, resource)
-	if r.Ready() {
-		return nil
-	}
-	v := unreadyVerdict(r)
-	return &v
 }
 
 // evaluateAll calls fn(i, verdict) for each of names under one read lock,

@@ -95,11 +95,13 @@ type nodeState struct {
 	// each Lease event; heartbeatRenewed is its renewTime.
 	heartbeatFine    bool
 	heartbeatRenewed time.Time
-	// unready says why the Node's own fields (inventory, ready label,
-	// allocatable resourceName) turn pods away, judged on each Node event
-	// (nodeUnready); nil when they admit pods. The heartbeat is judged at
-	// each Filter, as it ages.
-	unready *verdict
+	// readiness is what the Node's own fields (inventory, ready label,
+	// allocatable resourceName) say of its device plugin
+	// (vgpu.NodeReadiness), judged on each Node event, so that Filter
+	// neither re-parses the label nor re-formats its messages for every
+	// candidate node; ready when they admit pods. The heartbeat is judged
+	// at each Filter, as it ages (readinessLocked).
+	readiness vgpu.Readiness
 	// summary is inventory and usage laid out for Fit, rebuilt whenever
 	// either changes (refreshLocked).
 	summary *vgpu.NodeSummary
@@ -218,7 +220,7 @@ func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := st.nodeLocked(m.Name)
-	wasReady := n.known && n.unready == nil
+	wasReady := n.known && n.readiness.Ready()
 	inventoryChanged := n.hasInventory != m.HasInventory || n.inventoryHash != m.InventoryHash
 	if !n.known {
 		st.known++
@@ -233,9 +235,9 @@ func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
 	}
 	n.allocatable = m.Allocatable
 	n.registered, n.kubeletReady = m.Registered, m.KubeletReady
-	n.unready = nodeUnready(n.inventoryErr, m.ReadyLabel, m.HasReadyLabel, m.Allocatable, st.resourceName)
+	n.readiness = vgpu.NodeReadiness(n.inventoryErr, m.ReadyLabel, m.HasReadyLabel, m.Allocatable, st.resourceName)
 	switch {
-	case n.unready != nil:
+	case !n.readiness.Ready():
 	case inventoryChanged:
 		st.listener.InventoryChanged(st.now(), n.index)
 	case !wasReady:
@@ -261,7 +263,7 @@ func (st *clusterState) deleteNode(name string) {
 	n.known = false
 	n.hasInventory, n.inventoryHash, n.inventory, n.inventoryErr = false, 0, vgpu.NodeInventory{}, vgpu.ErrNoInventory
 	st.refreshLocked(n)
-	n.unready = nodeUnready(vgpu.ErrNoInventory, "", false, 0, st.resourceName)
+	n.readiness = vgpu.NodeReadiness(vgpu.ErrNoInventory, "", false, 0, st.resourceName)
 }
 
 // upsertLease records a heartbeat Lease added or updated. Other Leases in

@@ -326,7 +326,7 @@ func TestTrim(t *testing.T) {
 		t.Errorf("inventory (-full +trimmed):\n%s", diff)
 	}
 	if f.known != sm.known || f.inventoryHash != sm.inventoryHash || !sm.hasInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
-		f.unready != nil || sm.unready != nil || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil ||
+		!f.readiness.Ready() || !sm.readiness.Ready() || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil ||
 		!cmp.Equal(f.registered, sm.registered) || sm.registered == nil || f.kubeletReady != sm.kubeletReady || !sm.kubeletReady {
 		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
 	}
@@ -470,8 +470,8 @@ func TestNodeInventoryParsedOnce(t *testing.T) {
 	// A new inventory is parsed and counted.
 	grown := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).GPU("n1-GPU-1", 16384).GPU("n1-GPU-2", 16384).Obj()).Obj()
 	st.upsertNodeMeta(meta(grown))
-	if n := st.nodes["n1"]; len(n.inventory.GPUs) != 3 || n.gen == gen || n.unready != nil {
-		t.Errorf("changed inventory: %d GPUs, generation %d (was %d), unready %v", len(n.inventory.GPUs), n.gen, gen, n.unready)
+	if n := st.nodes["n1"]; len(n.inventory.GPUs) != 3 || n.gen == gen || !n.readiness.Ready() {
+		t.Errorf("changed inventory: %d GPUs, generation %d (was %d), readiness %+v", len(n.inventory.GPUs), n.gen, gen, n.readiness)
 	}
 
 	// An inventory that names another node turns the node away.
@@ -479,7 +479,7 @@ func TestNodeInventoryParsedOnce(t *testing.T) {
 	wrong := grown.DeepCopy()
 	wrong.Annotations[vgpu.AnnotationNodeInventory] = other.Annotations[vgpu.AnnotationNodeInventory]
 	st.upsertNodeMeta(meta(wrong))
-	if n := st.nodes["n1"]; n.unready == nil || n.unready.reason != vgpu.ReasonMalformedInventory {
-		t.Errorf("inventory of n2 on n1: unready %+v, want %s", n.unready, vgpu.ReasonMalformedInventory)
+	if n := st.nodes["n1"]; n.readiness.Reason != vgpu.ReasonMalformedInventory {
+		t.Errorf("inventory of n2 on n1: readiness %+v, want %s", n.readiness, vgpu.ReasonMalformedInventory)
 	}
 }

@@ -186,7 +186,7 @@ func (s *Scheduler) podArrived(obj any) {
 		if terminal(o.Phase) || len(o.ResourceClaims) > 0 && s.dra != nil {
 			return
 		}
-		d, err := podDemandOf(o.pod())
+		d, err := vgpu.DemandOf(o.pod())
 		if err != nil {
 			return
 		}

@@ -8,52 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Policy says how to choose among places that fit: nodes (node policy) or
-// GPUs inside a node (GPU policy). The empty Policy means "not set": the
-// next default applies.
-type Policy string
-
-const (
-	// PolicyBinpack prefers the fullest node, or the most-used GPU, that
-	// fits, keeping whole GPUs and whole nodes free for large requests.
-	PolicyBinpack Policy = "binpack"
-	// PolicySpread prefers the emptiest node or least-used GPU, trading
-	// packing for less interference between pods.
-	PolicySpread Policy = "spread"
-	// PolicyFragmentation prefers the placement that increases the node's
-	// fragmentation the least, measured against a Workload of typical
-	// requests (see Fragmentation).
-	PolicyFragmentation Policy = "fragmentation"
-)
-
-// Policies lists the valid policies in the order messages show them.
-func Policies() []Policy {
-	return []Policy{PolicyBinpack, PolicySpread, PolicyFragmentation}
-}
-
-// ParsePolicy reads a policy name: exactly one of Policies, or "" for not
-// set. Anything else is an error wrapping ErrMalformed.
-func ParsePolicy(s string) (Policy, error) {
-	for _, p := range Policies() {
-		if s == string(p) {
-			return p, nil
-		}
-	}
-	if s == "" {
-		return "", nil
-	}
-	return "", fmt.Errorf("%w: %q: must be one of %s", ErrMalformed, s, PolicyList())
-}
-
-// PolicyList is Policies joined with ", ", for messages.
-func PolicyList() string {
-	names := make([]string, 0, len(Policies()))
-	for _, p := range Policies() {
-		names = append(names, string(p))
-	}
-	return strings.Join(names, ", ")
-}
-
 // Constraints are a pod's placement wishes, read from its annotations by
 // ParseConstraints. The zero value means no constraint and the global
 // policies.

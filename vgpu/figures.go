@@ -107,7 +107,7 @@ func (s *NodeSummary) boundFragmentation(w *Workload, f *fragSummary) {
 // nodes tie at one Raw too, where a slice changes no fragmentation). For a pod of one slice (as Reject takes) the
 // slice raises one GPU's used share, by at most rise (its memory or cores
 // over the smallest GPU's, or a GPU's whole free share when it takes the
-// last slot), so Raw is at most:
+// last slot), so Raw is at most (each policy's rawBound):
 //   - PolicyBinpack: (used + rise) / healthy GPUs;
 //   - PolicySpread: 1 − used / healthy GPUs, as the share only rises;
 //   - PolicyFragmentation: how far the slice can lower the node's
@@ -151,21 +151,15 @@ func (s *NodeFigures) ScoreBound(pod PodDemand, opts FitOptions) NodeScore {
 		rise = max(rise, float64(cr.CoresPercent)/float64(s.minCoresCap))
 	}
 	rise = min(rise, 1)
-	healthy := float64(s.healthy)
-	var raw, value, tie float64
-	switch resolve(pod.Constraints.NodePolicy, opts.NodePolicy) {
-	case PolicySpread:
-		raw = 1 - s.usedBefore/healthy
-		value = MaxScore * raw
-	case PolicyFragmentation:
-		raw = s.fallRule(pod, opts).fall(rise, s.maxUnusable, s.maxCellFrag)
-		value = MaxScore/2 + MaxScore/4*raw
-		tie = (s.usedBefore + rise) / healthy
-	default:
-		raw = (s.usedBefore + rise) / healthy
-		value = MaxScore * raw
+	r := rulesOf(resolve(pod.Constraints.NodePolicy, opts.NodePolicy))
+	var fall float64
+	if r.fragmentation {
+		fall = s.fallRule(pod, opts).fall(rise, s.maxUnusable, s.maxCellFrag)
 	}
-	return NodeScore{Value: boundValue(value), Raw: raw + rawSlack, Tie: tie + rawSlack}
+	healthy := float64(s.healthy)
+	after := (s.usedBefore + rise) / healthy
+	raw := r.rawBound(s.usedBefore/healthy, after, fall)
+	return NodeScore{Value: boundValue(r.value(raw)), Raw: raw + rawSlack, Tie: r.tie(after) + rawSlack}
 }
 
 // boundValue is the Value bound of a score value: Score sums the shares
@@ -248,17 +242,18 @@ func (r fallRule) fall(rise, unusable, cellFrag float64) float64 {
 }
 
 // ScoreBoundByGPU narrows bound, the node's ScoreBound for pod, by reading
-// the summary's cells: for PolicyFragmentation, to the most that one of
-// the GPUs the slice fits on can lower the node's fragmentation by (its
-// own rise of the used share, the share of the workload that cannot use
-// it and the fragmentation it holds, where ScoreBound takes the most of
-// each over all GPUs with a free slot). A node where the slice fits no
-// GPU keeps bound. It reads the GPUs' cells, so a scheduler asks it only
-// of the nodes that ScoreBound could not leave out. Safe for concurrent
-// use.
+// the summary's cells, under a node policy that reads the node's
+// fragmentation (PolicyFragmentation): to the most that one of the GPUs
+// the slice fits on can lower the node's fragmentation by (its own rise
+// of the used share, the share of the workload that cannot use it and the
+// fragmentation it holds, where ScoreBound takes the most of each over all
+// GPUs with a free slot). Under other policies, and on a node where the
+// slice fits no GPU, it returns bound. It reads the GPUs' cells, so a
+// scheduler asks it only of the nodes that ScoreBound could not leave out.
+// Safe for concurrent use.
 func (s *NodeSummary) ScoreBoundByGPU(pod PodDemand, opts FitOptions, bound NodeScore) NodeScore {
-	if !oneSlice(pod) || s.frag == nil || s.frag.masks == nil ||
-		resolve(pod.Constraints.NodePolicy, opts.NodePolicy) != PolicyFragmentation {
+	r := rulesOf(resolve(pod.Constraints.NodePolicy, opts.NodePolicy))
+	if !oneSlice(pod) || s.frag == nil || s.frag.masks == nil || !r.fragmentation {
 		return bound
 	}
 	cr := pod.Request.Containers[0]
@@ -279,10 +274,13 @@ func (s *NodeSummary) ScoreBoundByGPU(pod PodDemand, opts FitOptions, bound Node
 	if !fits {
 		return bound
 	}
+	healthy := float64(s.healthy)
+	after := (s.usedBefore + rises) / healthy
+	raw := r.rawBound(s.usedBefore/healthy, after, fall)
 	return NodeScore{
-		Value: min(bound.Value, boundValue(MaxScore/2+MaxScore/4*fall)),
-		Raw:   min(bound.Raw, fall+rawSlack),
-		Tie:   min(bound.Tie, (s.usedBefore+rises)/float64(s.healthy)+rawSlack),
+		Value: min(bound.Value, boundValue(r.value(raw))),
+		Raw:   min(bound.Raw, raw+rawSlack),
+		Tie:   min(bound.Tie, r.tie(after)+rawSlack),
 	}
 }
 

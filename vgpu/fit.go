@@ -105,9 +105,10 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 	}
 	s.env.workload, s.podHost, s.reasonOnly = opts.Workload, pod.Host, opts.ReasonOnly
 	p.HealthyGPUs = s.healthy
+	nodeRules, gpuRules := rulesOf(p.NodePolicy), rulesOf(p.GPUPolicy)
 	if len(req.Containers) == 0 {
 		if !opts.Unscored {
-			s.measure(&p)
+			s.measure(&p, nodeRules)
 			s.cpuSurplus(&p)
 		}
 		return p, nil
@@ -131,7 +132,7 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 				continue
 			}
 			from := len(s.picks)
-			if err := s.choose(ci, c, p.GPUPolicy); err != nil {
+			if err := s.choose(ci, c, gpuRules); err != nil {
 				return Placement{}, err
 			}
 			chosen[ci] = span{from, len(s.picks)}
@@ -139,7 +140,7 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 	}
 	if opts.NoAllocation {
 		if !opts.Unscored {
-			s.measure(&p)
+			s.measure(&p, nodeRules)
 		}
 		return p, nil
 	}
@@ -160,7 +161,7 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 		p.Allocation.Containers[ci] = ca
 	}
 	if !opts.Unscored {
-		s.measure(&p)
+		s.measure(&p, nodeRules)
 	}
 	return p, nil
 }
@@ -168,10 +169,11 @@ func fitOn(pod PodDemand, s *fitState, node string, opts FitOptions) (Placement,
 // span is a range of positions in a slice, from included, to excluded.
 type span struct{ from, to int }
 
-// measure fills p's Used and Fragmentation figures from the node without
-// and with the pod. It runs only once the pod fits, so nodes that reject it
-// cost no more than the filters.
-func (s *fitState) measure(p *Placement) {
+// measure fills p's Used figures, and its Fragmentation figures when node
+// (p.NodePolicy's rules) reads them, from the node without and with the
+// pod. It runs only once the pod fits, so nodes that reject it cost no
+// more than the filters.
+func (s *fitState) measure(p *Placement, node *policyRules) {
 	p.UsedAfter = s.used()
 	if s.env.summary != nil {
 		p.UsedBefore = s.env.summary.usedBefore
@@ -180,7 +182,7 @@ func (s *fitState) measure(p *Placement) {
 		p.UsedBefore = s.used()
 		s.baseOnly = false
 	}
-	if p.NodePolicy == PolicyFragmentation {
+	if node.fragmentation {
 		p.FragmentationBefore, p.FragmentationAfter = s.fragmentation()
 	}
 }
@@ -355,7 +357,7 @@ type fitBuffers struct {
 
 type candidate struct {
 	gi   int
-	key  float64 // policy key, lower is better
+	key  float64 // the GPU policy's gpuKey, lower is better
 	used float64
 }
 
@@ -514,9 +516,9 @@ func shareOf(u GPUUsage, schedulableMiB int64, coresCap, split int) float64 {
 	return min(share, 1)
 }
 
-// choose picks the GPUs of container ci, appends them to s.picks and
-// records them in s.own.
-func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
+// choose picks the GPUs of container ci under the GPU policy's rules gpu,
+// appends them to s.picks and records them in s.own.
+func (s *fitState) choose(ci int, c Constraints, gpu *policyRules) error {
 	cr := s.req.Containers[ci]
 	k := cr.GPUs
 	f := filterCounts{}
@@ -555,7 +557,7 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
 	if len(s.cands) < k {
 		return s.explain(ci, c, f)
 	}
-	s.rank(ci, policy)
+	s.rank(ci, gpu)
 	picked := s.pick(k, c.NUMABind)
 	if picked == nil {
 		return s.numaError(ci)
@@ -572,28 +574,26 @@ func (s *fitState) choose(ci int, c Constraints, policy Policy) error {
 	return nil
 }
 
-// rank orders s.cands best first under policy; ties go to the lower index.
-// Under PolicyFirstFit they stay in GPU order, as choose found them.
-func (s *fitState) rank(ci int, policy Policy) {
-	if policy == PolicyFirstFit {
+// rank orders s.cands best first by gpu.gpuKey, for container ci; equal
+// keys go to the fuller GPU, then the lower index. Under gpu.inOrder they
+// stay in GPU order, as choose found them.
+func (s *fitState) rank(ci int, gpu *policyRules) {
+	if gpu.inOrder {
 		return
 	}
-	if policy == PolicyFragmentation {
+	if gpu.fragmentation {
 		s.fragModel().stats(s)
 	}
 	for i := range s.cands {
 		cd := &s.cands[i]
 		before := s.total(cd.gi)
 		cd.used = usedShare(&s.node.GPUs[cd.gi], before, s.node.SplitCount)
-		switch policy {
-		case PolicySpread:
-			cd.key = cd.used
-		case PolicyFragmentation:
+		var delta float64
+		if gpu.fragmentation {
 			after := s.base[cd.gi].add(s.peak(cd.gi, ci, s.need(ci, cd.gi)), 1)
-			cd.key = s.env.frag.delta(s, cd.gi, before, after)
-		default:
-			cd.key = -cd.used
+			delta = s.env.frag.delta(s, cd.gi, before, after)
 		}
+		cd.key = gpu.gpuKey(cd.used, delta)
 	}
 	slices.SortStableFunc(s.cands, func(a, b candidate) int {
 		switch {
@@ -601,7 +601,7 @@ func (s *fitState) rank(ci int, policy Policy) {
 			return -1
 		case a.key > b.key:
 			return 1
-		case a.used > b.used: // fragmentation ties: fuller first
+		case a.used > b.used: // equal keys: fuller first
 			return -1
 		case a.used < b.used:
 			return 1

@@ -1,5 +1,11 @@
 package vgpu
 
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
 // HostResources is CPU and host memory: what a pod requests, or what a
 // node has left that its pods do not request. Fit does not check them (the
 // kube-scheduler does); PolicyFragmentation uses them to see whether a
@@ -19,6 +25,26 @@ type PodDemand struct {
 	Constraints Constraints
 	// Host is its CPU and memory requests; zero when unknown.
 	Host HostResources
+}
+
+// DemandOf reads what pod asks of a node: its GPU request
+// (RequestFromPod), its placement annotations (ConstraintsFromPod) and its
+// CPU and memory requests (HostRequestOf), which the fragmentation policy
+// charges the node's host with beside the GPUs. Its error says which of
+// the first two is invalid and wraps theirs, which names the values; such
+// a pod cannot be placed anywhere. The scheduler extender and gpuslice why
+// read pods with it, so both judge the same demand. Pure; it does not
+// modify pod.
+func DemandOf(pod *corev1.Pod) (PodDemand, error) {
+	req, err := RequestFromPod(pod)
+	if err != nil {
+		return PodDemand{}, fmt.Errorf("invalid GPU request: %w", err)
+	}
+	c, err := ConstraintsFromPod(pod)
+	if err != nil {
+		return PodDemand{}, fmt.Errorf("invalid placement annotation: %w", err)
+	}
+	return PodDemand{Request: req, Constraints: c, Host: HostRequestOf(pod)}, nil
 }
 
 // NodeState is a node as Fit sees it.

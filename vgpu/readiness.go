@@ -10,9 +10,9 @@ import (
 
 // Reasons a scheduler turns a node away before Fit: the node's device
 // plugin is not serving it. Every message of these starts with
-// NotReadyPrefix. The scheduler extender judges nodes with NodeReadiness
-// and HeartbeatReadiness; gpuslice why calls the same functions, so both
-// say the same.
+// NotReadyPrefix. The scheduler extender judges nodes with PluginReadiness
+// of NodeReadiness; gpuslice why calls the same functions, so both say the
+// same.
 const (
 	// ReasonNoInventory: the Node has no AnnotationNodeInventory.
 	ReasonNoInventory Reason = "NoInventory"
@@ -35,6 +35,13 @@ const (
 
 // NotReadyPrefix starts the message of every readiness reason.
 const NotReadyPrefix = "plugin not ready: "
+
+// DefaultHeartbeatMaxAge is the oldest heartbeat Lease renewal that still
+// counts as alive (HeartbeatReadiness's maxAge) unless a reader is
+// configured otherwise: a little more than the device plugin's default
+// Lease duration (40 s), so one late renewal (every 10 s) does not turn a
+// node away.
+const DefaultHeartbeatMaxAge = 60 * time.Second
 
 // ErrNoInventory is the inventory error of a Node without
 // AnnotationNodeInventory, for NodeReadiness.
@@ -94,6 +101,19 @@ type Heartbeat struct {
 	// Parsed and Err are ParsePluginHeartbeat(Raw), when Raw is not empty.
 	Parsed PluginHeartbeat
 	Err    error
+}
+
+// PluginReadiness judges whether a node's device plugin serves it at now,
+// the rule a scheduler applies before Fit: node, what NodeReadiness says of
+// the Node's own fields, when it is not ready, else HeartbeatReadiness of
+// the node's heartbeat h, renewed no longer than maxAge ago (heartbeat
+// Leases in namespace). A caller that judges a node for many pods judges
+// node once per change of the Node and passes it for each pod. Pure.
+func PluginReadiness(node Readiness, h Heartbeat, now time.Time, maxAge time.Duration, namespace string) Readiness {
+	if !node.Ready() {
+		return node
+	}
+	return HeartbeatReadiness(h, now, maxAge, namespace)
 }
 
 // HeartbeatReadiness judges a node's heartbeat at now: there must be a

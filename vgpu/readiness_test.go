@@ -68,3 +68,32 @@ func TestHeartbeatReadiness(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginReadiness checks that what the Node says comes before its
+// heartbeat, which is judged only for a Node that is ready.
+func TestPluginReadiness(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	fresh := Heartbeat{Exists: true, RenewTime: now.Add(-5 * time.Second)}
+	noLabel := NodeReadiness(nil, "", false, 8, ResourceGPU)
+	tests := map[string]struct {
+		node Readiness
+		h    Heartbeat
+		want Readiness
+	}{
+		"ready":                {Readiness{}, fresh, Readiness{}},
+		"node first":           {noLabel, Heartbeat{}, noLabel},
+		"node with fresh beat": {noLabel, fresh, noLabel},
+		"heartbeat then":       {Readiness{}, Heartbeat{}, Readiness{ReasonNoHeartbeat, "plugin not ready: no heartbeat Lease in namespace kube-node-lease"}},
+		"stale by the default": {Readiness{}, Heartbeat{Exists: true, RenewTime: now.Add(-DefaultHeartbeatMaxAge - time.Second)}, Readiness{ReasonStaleHeartbeat, "plugin not ready: heartbeat Lease not renewed for more than 1m0s"}},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := PluginReadiness(tt.node, tt.h, now, DefaultHeartbeatMaxAge, DefaultHeartbeatNamespace)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("PluginReadiness (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -220,3 +220,40 @@ func TestRequestFromPodNil(t *testing.T) {
 		t.Errorf("RequestFromPod(nil) = %+v, want an error", got)
 	}
 }
+
+// TestDemandOf checks that a pod's demand is its request, its placement
+// annotations and its host requests, and that an invalid request or
+// annotation is an error that says which and wraps the cause.
+func TestDemandOf(t *testing.T) {
+	t.Parallel()
+	b := vgputest.Pod("p").Annotation(vgpu.AnnotationNodePolicy, "spread").
+		Container("main").GPU(1).MemoryMiB(2048).Request(corev1.ResourceCPU, "500m").Request(corev1.ResourceMemory, "1Gi")
+	want := vgpu.PodDemand{
+		Request:     b.PodRequest(),
+		Constraints: vgpu.Constraints{NodePolicy: vgpu.PolicySpread},
+		Host:        vgpu.HostResources{CPUMilli: 500, MemoryMiB: 1024},
+	}
+	got, err := vgpu.DemandOf(b.Obj())
+	if err != nil {
+		t.Fatalf("DemandOf() error = %v", err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DemandOf() (-want +got):\n%s", diff)
+	}
+	tests := map[string]struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		"request":    {vgputest.Pod("p").Container("main").GPU(1).Cores(150).Obj(), `invalid GPU request: container "main": hami.io/gpucores=150: must be an integer from 1 to 100`},
+		"annotation": {vgputest.Pod("p").Annotation(vgpu.AnnotationGPUPolicy, "pack").Container("main").GPU(1).Obj(), `invalid placement annotation: hami.io/gpu-policy="pack": must be one of binpack, spread, fragmentation`},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got, err := vgpu.DemandOf(tt.pod)
+			if err == nil || err.Error() != tt.want || errors.Unwrap(err) == nil {
+				t.Errorf("DemandOf() = %+v, %v, want an error %q that wraps its cause", got, err, tt.want)
+			}
+		})
+	}
+}

@@ -38,7 +38,8 @@ type NodeScore struct {
 // want before that which would strand a free GPU. Otherwise a node with
 // no healthy GPU scores 0. Score is pure.
 func Score(p Placement) NodeScore {
-	if p.NodePolicy == PolicyFragmentation && p.HasCPUSurplus {
+	r := rulesOf(p.NodePolicy)
+	if r.cpuSurplus && p.HasCPUSurplus {
 		raw := p.CPUSurplusMilli / 1000
 		return NodeScore{Value: int(math.Round(min(max(MaxScore/2+raw, 0), MaxScore))), Raw: raw}
 	}
@@ -46,20 +47,8 @@ func Score(p Placement) NodeScore {
 		return NodeScore{}
 	}
 	used := p.UsedAfter / float64(p.HealthyGPUs)
-	var raw, value, tie float64
-	switch p.NodePolicy {
-	case PolicySpread:
-		raw = 1 - used
-		value = MaxScore * raw
-	case PolicyFragmentation:
-		raw = -(p.FragmentationAfter - p.FragmentationBefore)
-		value = MaxScore/2 + MaxScore/4*raw
-		tie = used
-	default:
-		raw = used
-		value = MaxScore * raw
-	}
-	return NodeScore{Value: int(math.Round(min(max(value, 0), MaxScore))), Raw: raw, Tie: tie}
+	raw := r.nodeRaw(used, p.FragmentationAfter-p.FragmentationBefore)
+	return NodeScore{Value: int(math.Round(min(max(r.value(raw), 0), MaxScore))), Raw: raw, Tie: r.tie(used)}
 }
 
 // scoreEpsilon is how far apart two Raw or Tie values must be to differ: the policies' measures

@@ -238,7 +238,8 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		GPUPolicy:   resolve(c.GPUPolicy, opts.GPUPolicy),
 		HealthyGPUs: s.healthy,
 	}
-	frag := p.NodePolicy == PolicyFragmentation || p.GPUPolicy == PolicyFragmentation
+	node, gpu := rulesOf(p.NodePolicy), rulesOf(p.GPUPolicy)
+	frag := node.fragmentation || gpu.fragmentation
 	if frag && (s.frag == nil || opts.Workload != s.w || s.frag.masks == nil) {
 		return Placement{}, nil, false
 	}
@@ -264,11 +265,11 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 	var f filterCounts
 	f.healthy, f.model, f.uuid = s.healthy, s.healthy, s.healthy
 	best := -1
-	var bestKey, bestUsed float64
+	var bestKey, bestUsed, bestDelta float64
 	var bestUse GPUUsage
-	// seen are cells whose delta is known, seenKey their deltas.
+	// seen are cells whose delta is known, seenDelta their deltas.
 	var seen [8]int
-	var seenKey [8]float64
+	var seenDelta [8]float64
 	nSeen := 0
 	for i := range s.cells {
 		cell := &s.cells[i]
@@ -284,34 +285,30 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		if cell.cores+use.CoresPercent > cell.coresCap {
 			continue
 		}
-		if p.GPUPolicy == PolicyFirstFit {
+		if gpu.inOrder {
 			// The first GPU that fits, as fitState.rank leaves them.
 			best, bestUse = i, use
 			break
 		}
 		// fitState.rank's key; ties go to the fuller GPU, then the lower
 		// position, as its stable sort does.
-		var key float64
-		switch p.GPUPolicy {
-		case PolicySpread:
-			key = cell.share
-		case PolicyFragmentation:
+		var delta float64
+		if gpu.fragmentation {
 			// GPUs alike (same model, offer and holdings; often all the
 			// untouched GPUs of a node) change fragmentation alike.
 			if j := s.alike(i, seen[:nSeen]); j >= 0 {
-				key = seenKey[j]
-				break
+				delta = seenDelta[j]
+			} else {
+				delta = s.cellDelta(cell, use, &weight[1])
+				if nSeen < len(seen) {
+					seen[nSeen], seenDelta[nSeen] = i, delta
+					nSeen++
+				}
 			}
-			key = s.cellDelta(cell, use, &weight[1])
-			if nSeen < len(seen) {
-				seen[nSeen], seenKey[nSeen] = i, key
-				nSeen++
-			}
-		default:
-			key = -cell.share
 		}
+		key := gpu.gpuKey(cell.share, delta)
 		if best < 0 || key < bestKey || key == bestKey && cell.share > bestUsed {
-			best, bestKey, bestUsed, bestUse = i, key, cell.share, use
+			best, bestKey, bestUsed, bestUse, bestDelta = i, key, cell.share, use, delta
 		}
 	}
 	if best < 0 {
@@ -344,13 +341,13 @@ func (s *NodeSummary) quickFit(pod PodDemand, opts FitOptions) (p Placement, err
 		p.UsedAfter += shareOf(cell.usage().add(bestUse, 1), cell.schedulableMiB, cell.coresCap, split)
 	}
 	p.UsedBefore = s.usedBefore
-	if p.NodePolicy == PolicyFragmentation {
+	if node.fragmentation {
 		// fitState.fragmentation for a pod that changes one GPU.
-		if p.GPUPolicy != PolicyFragmentation {
-			bestKey = s.cellDelta(chosen, bestUse, &weight[1])
+		if !gpu.fragmentation {
+			bestDelta = s.cellDelta(chosen, bestUse, &weight[1])
 		}
 		m := fragModel{w: s.w, cnt: s.frag.cnt, sum: s.frag.sum}
-		p.FragmentationAfter = m.measure(s.frag.freeTotal, &weight[1]) + bestKey
+		p.FragmentationAfter = m.measure(s.frag.freeTotal, &weight[1]) + bestDelta
 		p.FragmentationBefore = s.frag.before
 	}
 	return p, nil, true

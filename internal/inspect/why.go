@@ -18,9 +18,6 @@ import (
 // not parse; it fits nowhere.
 const ReasonInvalidRequest vgpu.Reason = "InvalidRequest"
 
-// defaultHeartbeatMaxAge is the extender's default heartbeatMaxAge.
-const defaultHeartbeatMaxAge = 60 * time.Second
-
 // NodeVerdict is one node's answer to a pod.
 type NodeVerdict struct {
 	Node string `json:"node"`
@@ -65,7 +62,7 @@ func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 		return r
 	}
 	opts, maxAge := s.extenderSettings()
-	d, derr := demandOf(pod)
+	d, derr := vgpu.DemandOf(pod)
 	placed := s.placed()
 	type near struct {
 		stage int
@@ -109,47 +106,38 @@ func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 	return r
 }
 
-// demandOf reads pod's request, placement annotations and host request,
-// as the extender does.
-func demandOf(pod *corev1.Pod) (vgpu.PodDemand, error) {
-	req, err := vgpu.RequestFromPod(pod)
-	if err != nil {
-		return vgpu.PodDemand{}, fmt.Errorf("invalid GPU request: %w", err)
-	}
-	c, err := vgpu.ConstraintsFromPod(pod)
-	if err != nil {
-		return vgpu.PodDemand{}, fmt.Errorf("invalid placement annotation: %w", err)
-	}
-	return vgpu.PodDemand{Request: req, Constraints: c, Host: vgpu.HostRequestOf(pod)}, nil
-}
-
 // unready fills v and returns true when the extender would turn node n
-// away before Fit: vgpu's readiness checks, as the extender calls them.
+// away before Fit: vgpu.PluginReadiness of the Node and its heartbeat
+// Lease, as the extender judges them.
 func (s *Snapshot) unready(n *corev1.Node, invErr error, maxAge time.Duration, v *NodeVerdict) bool {
 	label, hasLabel := n.Labels[vgpu.LabelGPUReady]
 	allocQ := n.Status.Allocatable[vgpu.ResourceGPU]
-	r := vgpu.NodeReadiness(invErr, label, hasLabel, allocQ.Value(), vgpu.ResourceGPU)
-	if r.Ready() {
-		h := vgpu.Heartbeat{}
-		if l, ok := s.Leases[n.Name]; ok {
-			h.Exists = true
-			if l.Spec.RenewTime != nil {
-				h.RenewTime = l.Spec.RenewTime.Time
-			}
-			if h.Raw = l.Annotations[vgpu.AnnotationPluginHeartbeat]; h.Raw != "" {
-				h.Parsed, h.Err = vgpu.ParsePluginHeartbeat(h.Raw)
-			}
-		}
-		r = vgpu.HeartbeatReadiness(h, s.Now, maxAge, s.HeartbeatNamespace)
-	}
+	node := vgpu.NodeReadiness(invErr, label, hasLabel, allocQ.Value(), vgpu.ResourceGPU)
+	r := vgpu.PluginReadiness(node, s.heartbeat(n.Name), s.Now, maxAge, s.HeartbeatNamespace)
 	v.Reason, v.Message = r.Reason, r.Message
 	return !r.Ready()
+}
+
+// heartbeat is node's heartbeat Lease as vgpu.HeartbeatReadiness reads it.
+func (s *Snapshot) heartbeat(node string) vgpu.Heartbeat {
+	l, ok := s.Leases[node]
+	if !ok {
+		return vgpu.Heartbeat{}
+	}
+	h := vgpu.Heartbeat{Exists: true}
+	if l.Spec.RenewTime != nil {
+		h.RenewTime = l.Spec.RenewTime.Time
+	}
+	if h.Raw = l.Annotations[vgpu.AnnotationPluginHeartbeat]; h.Raw != "" {
+		h.Parsed, h.Err = vgpu.ParsePluginHeartbeat(h.Raw)
+	}
+	return h
 }
 
 // extenderSettings returns the Fit options and heartbeat age of the
 // chart's extender configuration, or the extender's defaults.
 func (s *Snapshot) extenderSettings() (vgpu.FitOptions, time.Duration) {
-	opts, maxAge := vgpu.FitOptions{}, defaultHeartbeatMaxAge
+	opts, maxAge := vgpu.FitOptions{}, vgpu.DefaultHeartbeatMaxAge
 	for i := range s.ConfigMaps {
 		sc, err := parseSchedulerConfig(&s.ConfigMaps[i])
 		if err != nil {
