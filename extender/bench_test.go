@@ -17,6 +17,8 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // benchModels are the GPU models of the benchmark's nodes, one model per
@@ -100,8 +102,8 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 		node := vgputest.PublishedNode(invs[i]).Obj()
 		node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("96")
 		node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("512Gi")
-		s.state.upsertNode(node)
-		s.state.upsertLease(vgputest.HeartbeatLease(name, now).Obj())
+		s.state.UpsertNode(node)
+		s.state.UpsertLease(vgputest.HeartbeatLease(name, now).Obj())
 	}
 	rng := rand.New(rand.NewPCG(42, 7)) // the same cluster for the same arguments
 	opts := s.fitOptions
@@ -111,11 +113,11 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 		i := rng.IntN(nodes)
 		pb := sl.builder(fmt.Sprintf("placed-%06d", tries))
 		pod := vgpu.PodDemand{Request: pb.PodRequest()}
-		p, err := s.state.nodes[names[i]].summary.Fit(pod, opts)
+		p, err := s.state.Summary(names[i]).Fit(pod, opts)
 		if err != nil {
 			continue
 		}
-		if err := s.state.upsertPod(boundPod(pb, p.Allocation)); err != nil {
+		if err := s.state.UpsertPod(boundPod(pb, p.Allocation)); err != nil {
 			b.Fatal(err)
 		}
 		s.workload.add(pod) // as podArrived does
@@ -124,7 +126,7 @@ func benchSchedulerOf(b testing.TB, nodes, slicesPlaced int, policy vgpu.Policy,
 	// The online workload learnt from those pods, with the cluster's GPUs
 	// as its supply, as workloadLoop publishes it.
 	if w := s.workload.snapshot(); w != nil {
-		s.state.setWorkload(w)
+		s.state.SetWorkload(w)
 	}
 	s.synced.Store(true) // as WatchCluster does once the lists are counted
 	// What building the cluster left behind (decoded annotations, test
@@ -189,9 +191,7 @@ func benchFilterPrioritize(b *testing.B, name string, nodes, placed int, policy 
 			for b.Loop() {
 				if mode == "cold" {
 					b.StopTimer()
-					for _, n := range s.state.nodes {
-						n.verdicts = verdictCache{}
-					}
+					s.state.ForgetVerdicts()
 					b.StartTimer()
 				}
 				pod := shapes[i%len(shapes)].pod(fmt.Sprintf("bench-%06d", i))
@@ -239,17 +239,11 @@ func benchPair(b *testing.B, s *Scheduler, names []string, pod *corev1.Pod) exte
 // remembers none).
 func benchFitted(b *testing.B, s *Scheduler, pod *corev1.Pod) int {
 	b.Helper()
-	d, err := demandOf(pod)
+	d, err := cluster.DemandOf(pod)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fitted := 0
-	for _, n := range s.state.nodes {
-		if v, ok := n.verdicts.get(d.key, n.gen); ok && !v.bounded {
-			fitted++
-		}
-	}
-	return fitted
+	return s.state.Fitted(&d)
 }
 
 // benchBind reserves pod on its best-scored node, as a Bind would.
@@ -264,11 +258,11 @@ func benchBind(b *testing.B, s *Scheduler, pod *corev1.Pod, scores extenderv1.Ho
 			best = h
 		}
 	}
-	d, err := demandOf(pod)
+	d, err := cluster.DemandOf(pod)
 	if err != nil {
 		b.Fatal(err)
 	}
-	d.forBind = true
+	d.ForBind = true
 	if _, err := s.reserve(best.Host, &d); err != nil {
 		b.Fatalf("reserve on %s: %v", best.Host, err)
 	}
@@ -280,14 +274,8 @@ func benchBaseline(s *Scheduler, names []string) time.Duration {
 	var took []time.Duration
 	for range 50 {
 		start := time.Now()
-		s.state.mu.RLock()
 		passed := make([]string, 0, len(names))
-		for _, name := range names {
-			if s.state.nodes[name] != nil {
-				passed = append(passed, name)
-			}
-		}
-		s.state.mu.RUnlock()
+		s.state.Known(names, func(i int) { passed = append(passed, names[i]) })
 		list := make(extenderv1.HostPriorityList, len(passed))
 		for i, name := range passed {
 			list[i].Host = name

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -110,16 +111,16 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	if err != nil {
 		return "", err
 	}
-	d, err := demandOf(pod)
+	d, err := cluster.DemandOf(pod)
 	if err != nil {
 		return "", err
 	}
-	d.forBind = true
-	if !d.wantsGPU() {
+	d.ForBind = true
+	if !d.WantsGPU() {
 		// Its CPU and memory count from now on, so that the next pods of a
 		// burst see them taken; if the Binding did land after all, the
 		// informer counts them again when it sees the pod bound.
-		undo := s.state.reserveHost(d.uid, args.Node, d.pod.Host)
+		undo := s.state.ReserveHost(d.UID, args.Node, d.Pod.Host)
 		if err := s.postBinding(ctx, pod, args.Node, ""); err != nil {
 			undo()
 			return "", err
@@ -132,14 +133,14 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 		return "", err
 	}
 	sent := s.clock.Now()
-	if err := s.postBinding(ctx, pod, args.Node, entry.raw); err != nil {
+	if err := s.postBinding(ctx, pod, args.Node, entry.Raw()); err != nil {
 		outcome := bindImpossible
 		if outcomeUnknown(err) {
 			outcome = s.outcomeAfterAll(ctx, entry, pod)
 		}
 		switch outcome {
 		case bindImpossible:
-			s.state.release(entry)
+			s.state.Release(entry)
 			return "", err
 		case bindPending:
 			return "", s.doubt(ctx, pod, entry, sent, err)
@@ -147,13 +148,13 @@ func (s *Scheduler) bind(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	}
 	s.bound(pod, seen)
 	s.placed(pod, entry)
-	return entry.raw, nil
+	return entry.Raw(), nil
 }
 
 // placed records the pod event of a placement, in the background: Bind
 // makes no request for it.
-func (s *Scheduler) placed(pod *corev1.Pod, entry *podEntry) {
-	s.events.Eventf(pod, corev1.EventTypeNormal, EventGPUsAssigned, "%s", placementMessage(entry.alloc, s.state.gpuModels(entry.node)))
+func (s *Scheduler) placed(pod *corev1.Pod, entry *cluster.Entry) {
+	s.events.Eventf(pod, corev1.EventTypeNormal, EventGPUsAssigned, "%s", placementMessage(entry.Allocation(), s.state.GPUModels(entry.Node())))
 }
 
 // podForBind returns the pod args name, from the informers' cache, or read
@@ -183,59 +184,18 @@ func (s *Scheduler) podForBind(ctx context.Context, args *extenderv1.ExtenderBin
 	return pod, seen, nil
 }
 
-// reserve fits d on node and counts it there as a reservation. It holds the
-// node's bind lock throughout, so binds to one node reserve one at a time;
-// the fit itself runs under the state's read lock and is repeated under
-// the write lock only if the node's usage changed in between.
-func (s *Scheduler) reserve(node string, d *demand) (*podEntry, error) {
-	unlock := s.bindLocks.lock(node)
-	defer unlock()
-	st := s.state
-	now := s.clock.Now()
-	st.mu.RLock()
-	v, gen, err := s.checkLocked(node, d, now)
-	st.mu.RUnlock()
-	if err != nil {
-		return nil, err
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.nodes[node].gen != gen {
-		if v, _, err = s.checkLocked(node, d, now); err != nil {
-			return nil, err
+// reserve fits d on node and counts it there as a reservation
+// (cluster.State.Reserve). A pod reserved already is refused, with the
+// doubt's message when its earlier Binding had an unknown outcome.
+func (s *Scheduler) reserve(node string, d *cluster.Demand) (*cluster.Entry, error) {
+	e, err := s.state.Reserve(node, d)
+	var busy *cluster.BusyError
+	if errors.As(err, &busy) {
+		if b, ok := s.doubts.get(d.UID); ok && b.entry == busy.Entry {
+			return nil, fmt.Errorf("an earlier Binding of this pod to node %s had an unknown outcome (%w): %s", busy.Entry.Node(), ErrBindInDoubt, doubtMessage(busy.Entry.Node(), b.until))
 		}
 	}
-	raw, err := vgpu.EncodePodAllocation(*v.allocation)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
-	}
-	st.removeLocked(st.pods[d.uid]) // a stale count of this pod
-	e := &podEntry{
-		uid: d.uid, node: node,
-		raw: raw, alloc: *v.allocation, req: d.pod.Request, reserved: true,
-	}
-	// The pod's CPU and memory count from the reservation on too, so that
-	// the informer's bound pod changes nothing and the node is summarized
-	// once per bind (addLocked), not again when the bind is seen.
-	st.replaceHostLocked(d.uid, hostEntry{node: node, req: d.pod.Host}, d.pod.Host != (vgpu.HostResources{}))
-	st.addLocked(e)
-	return e, nil
-}
-
-// checkLocked fits d on node and returns the verdict and the node's usage
-// generation it saw. Callers hold st.mu.
-func (s *Scheduler) checkLocked(node string, d *demand, now time.Time) (verdict, uint64, error) {
-	if e := s.state.pods[d.uid]; e != nil && e.reserved {
-		if b, ok := s.doubts.get(d.uid); ok && b.entry == e {
-			return verdict{}, 0, fmt.Errorf("an earlier Binding of this pod to node %s had an unknown outcome (%w): %s", e.node, ErrBindInDoubt, doubtMessage(e.node, b.until))
-		}
-		return verdict{}, 0, fmt.Errorf("a bind of this pod to node %s is already in progress", e.node)
-	}
-	v := s.evaluateLocked(node, d, now)
-	if !v.fits {
-		return v, 0, fmt.Errorf("node %s: %w", node, &vgpu.FitError{Reason: v.reason, Message: v.message})
-	}
-	return v, s.state.nodes[node].gen, nil
+	return e, err
 }
 
 // postBinding binds pod to node, with pod's UID as precondition and, when
@@ -286,7 +246,7 @@ const (
 // answer (bindPending when it never does): a bind reported failed that did
 // land makes kube-scheduler place the pod again, and its cache then sees
 // the pod on another node than it assumed (kube-scheduler exits on that).
-func (s *Scheduler) outcomeAfterAll(ctx context.Context, e *podEntry, pod *corev1.Pod) bindOutcome {
+func (s *Scheduler) outcomeAfterAll(ctx context.Context, e *cluster.Entry, pod *corev1.Pod) bindOutcome {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.BindTimeout.Duration)
 	defer cancel()

@@ -137,7 +137,7 @@ func TestBindFailure(t *testing.T) {
 			if got := e.getPod(pod); got.Annotations[vgpu.AnnotationPodAllocation] != "" || got.Spec.NodeName != "" {
 				t.Errorf("pod left with allocation %q on node %q", got.Annotations[vgpu.AnnotationPodAllocation], got.Spec.NodeName)
 			}
-			if n := e.s.state.reservations(); n != 0 {
+			if n := e.s.state.Reservations(); n != 0 {
 				t.Errorf("%d reservations left", n)
 			}
 			if u := usageTable(e.s, inv); len(u) != 0 {
@@ -221,10 +221,8 @@ func TestBindCountsHostOnce(t *testing.T) {
 			e := startEnv(t, cfg, client)
 			st := e.s.state
 			read := func() (uint64, vgpu.HostResources) {
-				st.mu.RLock()
-				defer st.mu.RUnlock()
-				n := st.nodes["n1"]
-				return n.gen, *n.hostFreeLocked()
+				n, _ := st.Node("n1")
+				return n.Gen, *n.HostFree
 			}
 			gen, _ := read()
 			got := e.bind(pod, "n1")

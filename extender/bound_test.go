@@ -13,10 +13,12 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // TestFilterBestEqualsFullScan checks that Filter, which fits a node only
-// while its score bound can reach the best tier found (evaluateBest),
+// while its score bound can reach the best tier found (cluster.State.JudgeBest),
 // passes exactly the nodes that fitting every node passes, and, when no
 // node passes, turns every node away with the same message: for each
 // policy, on uneven nodes holding slices by MiB or by percent (whose
@@ -48,7 +50,7 @@ func testFilterBestEqualsFullScan(t *testing.T, policy vgpu.Policy, shapes []ben
 	spared, undecided, none := 0, 0, 0
 	for i := range 120 {
 		pod := boundTestPod(rng, fmt.Sprintf("p-%03d", i))
-		d, err := demandOf(pod)
+		d, err := cluster.DemandOf(pod)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,12 +61,11 @@ func testFilterBestEqualsFullScan(t *testing.T, policy vgpu.Policy, shapes []ben
 		// What this Filter left unfitted has no verdict remembered, or
 		// only a bound.
 		for _, name := range names {
-			n := s.state.nodes[name]
-			if _, ok := n.figures.Reject(d.pod); ok {
+			if _, ok := s.state.Summary(name).Reject(d.Pod); ok {
 				continue
 			}
 			undecided++
-			if v, ok := n.verdicts.get(d.key, n.gen); !ok || v.bounded {
+			if v, ok := s.state.Remembered(name, &d); !ok || v.Bounded {
 				spared++
 			}
 		}
@@ -86,7 +87,7 @@ func testFilterBestEqualsFullScan(t *testing.T, policy vgpu.Policy, shapes []ben
 			}
 			continue
 		}
-		d.forBind = true
+		d.ForBind = true
 		if _, err := s.reserve(want[0], &d); err != nil {
 			t.Fatalf("pod %d: reserve on %s: %v", i, want[0], err)
 		}
@@ -134,13 +135,13 @@ func boundTestPod(rng *rand.Rand, name string) *corev1.Pod {
 
 // fullScanPassed is the nodes of names where d fits with the best score,
 // from a verdict for every node, in the order of names.
-func fullScanPassed(s *Scheduler, names []string, d *demand) []string {
-	verdicts := make([]verdict, len(names))
-	s.evaluateAll(names, d, func(i int, v verdict) { verdicts[i] = v })
+func fullScanPassed(s *Scheduler, names []string, d *cluster.Demand) []string {
+	verdicts := make([]cluster.Verdict, len(names))
+	s.state.JudgeAll(names, d, func(i int, v cluster.Verdict) { verdicts[i] = v })
 	best := bestScore(verdicts)
 	passed := []string{}
 	for i, v := range verdicts {
-		if v.fits && v.score.Compare(*best) >= 0 {
+		if v.Fits && v.Score.Compare(*best) >= 0 {
 			passed = append(passed, names[i])
 		}
 	}

@@ -3,8 +3,6 @@ package extender
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,49 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
 // EventNodeCondition is the reason of the Node event the extender records
 // when it changes a node's vgpu.ConditionRegistered.
 const EventNodeCondition = "GPUSliceRegistrationLost"
-
-// nodeRegistration is what the node-condition controller knows of one node.
-type nodeRegistration struct {
-	name string
-	// condition is the Node's vgpu.ConditionRegistered (status and reason).
-	condition    corev1.NodeCondition
-	allocatable  int64
-	kubeletReady bool
-	// hasLease is true while the heartbeat Lease exists; renewTime is its
-	// renewTime (zero when unset).
-	hasLease  bool
-	renewTime time.Time
-	// dra is true when the heartbeat is a DRA driver's (vgpu.NodeModeDRA):
-	// its node has no allocatable extended resource to judge.
-	dra bool
-}
-
-// registrations returns the known nodes that carry vgpu.ConditionRegistered,
-// sorted by name.
-func (st *clusterState) registrations() []nodeRegistration {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	var out []nodeRegistration
-	for _, n := range st.byIndex {
-		if !n.known || n.registered == nil {
-			continue
-		}
-		r := nodeRegistration{name: n.name, condition: *n.registered, allocatable: n.allocatable, kubeletReady: n.kubeletReady}
-		if n.lease != nil {
-			r.hasLease, r.renewTime = true, n.lease.renewTime
-			r.dra = n.lease.heartbeatErr == nil && n.lease.heartbeat.Mode == vgpu.NodeModeDRA
-		}
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b nodeRegistration) int { return strings.Compare(a.name, b.name) })
-	return out
-}
 
 // registrationVerdict is the condition the cluster side calls for.
 type registrationVerdict struct {
@@ -72,23 +34,23 @@ type registrationVerdict struct {
 // condition Unknown, unless the plugin said it is not running (PluginStopped,
 // DriverNotFound), which says more; an allocatable 0 for maxAge under a
 // True condition turns it False. Pure.
-func judgeRegistration(r nodeRegistration, now, zeroSince time.Time, maxAge time.Duration, heartbeatNamespace, resource string) (registrationVerdict, bool) {
-	c := r.condition
-	lease := heartbeatNamespace + "/" + vgpu.HeartbeatLeaseName(r.name)
-	stale := !r.hasLease || r.renewTime.IsZero() || now.Sub(r.renewTime) > maxAge
+func judgeRegistration(r cluster.Registration, now, zeroSince time.Time, maxAge time.Duration, heartbeatNamespace, resource string) (registrationVerdict, bool) {
+	c := r.Condition
+	lease := heartbeatNamespace + "/" + vgpu.HeartbeatLeaseName(r.Name)
+	stale := !r.HasLease || r.RenewTime.IsZero() || now.Sub(r.RenewTime) > maxAge
 	if stale && c.Status != corev1.ConditionUnknown && c.Reason != vgpu.ReasonPluginStopped && c.Reason != vgpu.ReasonDriverNotFound {
 		agent := "device plugin"
-		if r.dra {
+		if r.DRA {
 			agent = "DRA driver"
 		}
 		msg := fmt.Sprintf("the %s's heartbeat Lease %s is missing: it is not running or cannot reach the API server", agent, lease)
-		if r.hasLease && !r.renewTime.IsZero() {
+		if r.HasLease && !r.RenewTime.IsZero() {
 			msg = fmt.Sprintf("the %s's heartbeat Lease %s was last renewed at %s, more than %s ago: it is not running or cannot reach the API server (it last reported %s)",
-				agent, lease, r.renewTime.UTC().Format(time.RFC3339), maxAge, c.Reason)
+				agent, lease, r.RenewTime.UTC().Format(time.RFC3339), maxAge, c.Reason)
 		}
 		return registrationVerdict{corev1.ConditionUnknown, vgpu.ReasonHeartbeatStale, msg}, true
 	}
-	if !stale && !r.dra && c.Status == corev1.ConditionTrue && r.allocatable == 0 && !zeroSince.IsZero() && now.Sub(zeroSince) >= maxAge {
+	if !stale && !r.DRA && c.Status == corev1.ConditionTrue && r.Allocatable == 0 && !zeroSince.IsZero() && now.Sub(zeroSince) >= maxAge {
 		return registrationVerdict{corev1.ConditionFalse, vgpu.ReasonNoAllocatableGPUs, fmt.Sprintf(
 			"allocatable %s has been 0 for more than %s although the device plugin reported Registered: the kubelet lists none of its devices (kubelet restarted and the plugin has not registered again?)",
 			resource, maxAge)}, true
@@ -126,30 +88,30 @@ func (c *conditionController) pass(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	now := c.s.clock.Now()
 	seen := map[string]bool{}
-	for _, r := range c.s.state.registrations() {
-		seen[r.name] = true
-		if r.condition.Status == corev1.ConditionTrue && r.allocatable == 0 {
-			if _, ok := c.zeroSince[r.name]; !ok {
-				c.zeroSince[r.name] = now
+	for _, r := range c.s.state.Registrations() {
+		seen[r.Name] = true
+		if r.Condition.Status == corev1.ConditionTrue && r.Allocatable == 0 {
+			if _, ok := c.zeroSince[r.Name]; !ok {
+				c.zeroSince[r.Name] = now
 			}
 		} else {
-			delete(c.zeroSince, r.name)
+			delete(c.zeroSince, r.Name)
 		}
-		v, change := judgeRegistration(r, now, c.zeroSince[r.name], c.s.cfg.HeartbeatMaxAge.Duration, c.s.cfg.HeartbeatNamespace, c.s.cfg.ResourceName)
+		v, change := judgeRegistration(r, now, c.zeroSince[r.Name], c.s.cfg.HeartbeatMaxAge.Duration, c.s.cfg.HeartbeatNamespace, c.s.cfg.ResourceName)
 		if !change {
-			delete(c.written, r.name)
+			delete(c.written, r.Name)
 			continue
 		}
-		if w, ok := c.written[r.name]; ok && w.Status == v.Status && w.Reason == v.Reason {
+		if w, ok := c.written[r.Name]; ok && w.Status == v.Status && w.Reason == v.Reason {
 			continue
 		}
-		if err := c.write(ctx, r.name, v, now); err != nil {
-			logger.Error(err, "Could not set the node's registration condition", "node", r.name, "reason", v.Reason)
+		if err := c.write(ctx, r.Name, v, now); err != nil {
+			logger.Error(err, "Could not set the node's registration condition", "node", r.Name, "reason", v.Reason)
 			continue
 		}
-		c.written[r.name] = v
-		logger.Info("Set the node's registration condition", "node", r.name, "status", v.Status, "reason", v.Reason, "was", r.condition.Reason)
-		c.s.events.Eventf(nodeRef(r.name), corev1.EventTypeWarning, EventNodeCondition, "%s is now %s (%s): %s", vgpu.ConditionRegistered, v.Status, v.Reason, v.Message)
+		c.written[r.Name] = v
+		logger.Info("Set the node's registration condition", "node", r.Name, "status", v.Status, "reason", v.Reason, "was", r.Condition.Reason)
+		c.s.events.Eventf(nodeRef(r.Name), corev1.EventTypeWarning, EventNodeCondition, "%s is now %s (%s): %s", vgpu.ConditionRegistered, v.Status, v.Reason, v.Message)
 	}
 	for name := range c.zeroSince {
 		if !seen[name] {
@@ -204,19 +166,19 @@ func (c *registrationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- nod
 // Collect implements prometheus.Collector.
 func (c *registrationCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.s.clock.Now()
-	for _, r := range c.s.state.registrations() {
-		if !r.kubeletReady {
+	for _, r := range c.s.state.Registrations() {
+		if !r.KubeletReady {
 			continue
 		}
 		reason := ""
-		if r.condition.Status != corev1.ConditionTrue {
-			reason = r.condition.Reason
+		if r.Condition.Status != corev1.ConditionTrue {
+			reason = r.Condition.Reason
 		}
-		if !r.hasLease || r.renewTime.IsZero() || now.Sub(r.renewTime) > c.s.cfg.HeartbeatMaxAge.Duration {
+		if !r.HasLease || r.RenewTime.IsZero() || now.Sub(r.RenewTime) > c.s.cfg.HeartbeatMaxAge.Duration {
 			reason = vgpu.ReasonHeartbeatStale
 		}
 		if reason != "" {
-			ch <- prometheus.MustNewConstMetric(nodeUnregisteredDesc, prometheus.GaugeValue, 1, r.name, reason)
+			ch <- prometheus.MustNewConstMetric(nodeUnregisteredDesc, prometheus.GaugeValue, 1, r.Name, reason)
 		}
 	}
 }

@@ -16,50 +16,52 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 func TestJudgeRegistration(t *testing.T) {
 	const maxAge = time.Minute
 	registered := corev1.NodeCondition{Status: corev1.ConditionTrue, Reason: vgpu.ReasonRegistered}
-	fresh := nodeRegistration{name: "n1", condition: registered, allocatable: 10, hasLease: true, renewTime: now.Add(-10 * time.Second)}
-	with := func(mutate func(r *nodeRegistration)) nodeRegistration {
+	fresh := cluster.Registration{Name: "n1", Condition: registered, Allocatable: 10, HasLease: true, RenewTime: now.Add(-10 * time.Second)}
+	with := func(mutate func(r *cluster.Registration)) cluster.Registration {
 		r := fresh
 		mutate(&r)
 		return r
 	}
 	tests := []struct {
 		name       string
-		r          nodeRegistration
+		r          cluster.Registration
 		zeroSince  time.Time
 		wantStatus corev1.ConditionStatus // "": no change
 		wantReason string
 		wantIn     string // a part of the message
 	}{
 		{name: "registered and fresh", r: fresh},
-		{name: "stale heartbeat", r: with(func(r *nodeRegistration) { r.renewTime = now.Add(-2 * maxAge) }),
+		{name: "stale heartbeat", r: with(func(r *cluster.Registration) { r.RenewTime = now.Add(-2 * maxAge) }),
 			wantStatus: corev1.ConditionUnknown, wantReason: vgpu.ReasonHeartbeatStale, wantIn: "kube-node-lease/gpuslice-n1 was last renewed at 2026-03-14T09:28:00Z"},
-		{name: "no heartbeat Lease", r: with(func(r *nodeRegistration) { r.hasLease = false }),
+		{name: "no heartbeat Lease", r: with(func(r *cluster.Registration) { r.HasLease = false }),
 			wantStatus: corev1.ConditionUnknown, wantReason: vgpu.ReasonHeartbeatStale, wantIn: "kube-node-lease/gpuslice-n1 is missing"},
-		{name: "stale, already Unknown", r: with(func(r *nodeRegistration) {
-			r.hasLease, r.condition = false, corev1.NodeCondition{Status: corev1.ConditionUnknown, Reason: vgpu.ReasonHeartbeatStale}
+		{name: "stale, already Unknown", r: with(func(r *cluster.Registration) {
+			r.HasLease, r.Condition = false, corev1.NodeCondition{Status: corev1.ConditionUnknown, Reason: vgpu.ReasonHeartbeatStale}
 		})},
-		{name: "stale after the plugin said it stopped", r: with(func(r *nodeRegistration) {
-			r.hasLease, r.condition = false, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonPluginStopped}
+		{name: "stale after the plugin said it stopped", r: with(func(r *cluster.Registration) {
+			r.HasLease, r.Condition = false, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonPluginStopped}
 		})},
-		{name: "stale after the plugin found no driver", r: with(func(r *nodeRegistration) {
-			r.hasLease, r.condition = false, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonDriverNotFound}
+		{name: "stale after the plugin found no driver", r: with(func(r *cluster.Registration) {
+			r.HasLease, r.Condition = false, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonDriverNotFound}
 		})},
-		{name: "stale after a registration problem", r: with(func(r *nodeRegistration) {
-			r.renewTime, r.condition = now.Add(-2*maxAge), corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonRegisterFailed}
+		{name: "stale after a registration problem", r: with(func(r *cluster.Registration) {
+			r.RenewTime, r.Condition = now.Add(-2*maxAge), corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonRegisterFailed}
 		}), wantStatus: corev1.ConditionUnknown, wantReason: vgpu.ReasonHeartbeatStale, wantIn: "(it last reported RegisterFailed)"},
-		{name: "allocatable 0 within the grace", r: with(func(r *nodeRegistration) { r.allocatable = 0 }), zeroSince: now.Add(-maxAge / 2)},
-		{name: "allocatable 0 for maxAge", r: with(func(r *nodeRegistration) { r.allocatable = 0 }), zeroSince: now.Add(-maxAge),
+		{name: "allocatable 0 within the grace", r: with(func(r *cluster.Registration) { r.Allocatable = 0 }), zeroSince: now.Add(-maxAge / 2)},
+		{name: "allocatable 0 for maxAge", r: with(func(r *cluster.Registration) { r.Allocatable = 0 }), zeroSince: now.Add(-maxAge),
 			wantStatus: corev1.ConditionFalse, wantReason: vgpu.ReasonNoAllocatableGPUs, wantIn: "allocatable hami.io/gpu has been 0 for more than 1m0s"},
-		{name: "allocatable 0 under a False condition", r: with(func(r *nodeRegistration) {
-			r.allocatable, r.condition = 0, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs}
+		{name: "allocatable 0 under a False condition", r: with(func(r *cluster.Registration) {
+			r.Allocatable, r.Condition = 0, corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: vgpu.ReasonNoHealthyGPUs}
 		}), zeroSince: now.Add(-2 * maxAge)},
-		{name: "DRA node: allocatable 0 is its normal", r: with(func(r *nodeRegistration) { r.allocatable, r.dra = 0, true }), zeroSince: now.Add(-2 * maxAge)},
-		{name: "DRA node: stale heartbeat", r: with(func(r *nodeRegistration) { r.allocatable, r.dra, r.renewTime = 0, true, now.Add(-2*maxAge) }),
+		{name: "DRA node: allocatable 0 is its normal", r: with(func(r *cluster.Registration) { r.Allocatable, r.DRA = 0, true }), zeroSince: now.Add(-2 * maxAge)},
+		{name: "DRA node: stale heartbeat", r: with(func(r *cluster.Registration) { r.Allocatable, r.DRA, r.RenewTime = 0, true, now.Add(-2*maxAge) }),
 			wantStatus: corev1.ConditionUnknown, wantReason: vgpu.ReasonHeartbeatStale, wantIn: "the DRA driver's heartbeat Lease kube-node-lease/gpuslice-n1 was last renewed"},
 	}
 	for _, tt := range tests {
@@ -100,7 +102,7 @@ func TestConditionControllerPass(t *testing.T) {
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *corev1.Node:
-			s.state.upsertNodeMeta(trimmedNode(t, o))
+			s.state.UpsertNodeMeta(trimmedNode(t, o))
 		default:
 			feed(t, s, o)
 		}
@@ -149,13 +151,13 @@ func TestConditionControllerPass(t *testing.T) {
 }
 
 // trimmedNode is n as the extender's informer keeps it.
-func trimmedNode(t *testing.T, n *corev1.Node) *nodeMeta {
+func trimmedNode(t *testing.T, n *corev1.Node) *cluster.NodeMeta {
 	t.Helper()
 	out, err := trimmer(vgpu.ResourceGPU, nil)(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out.(*nodeMeta)
+	return out.(*cluster.NodeMeta)
 }
 
 func TestPlacementMessage(t *testing.T) {

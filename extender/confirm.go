@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // A pod Bind placed counts from its reservation until the pod informer
@@ -146,10 +148,10 @@ func (s *Scheduler) confirmBinds(ctx context.Context) {
 		case err != nil:
 			logger.V(2).Info("Could not read a bound pod the informer has not seen; trying again later", "pod", klog.KRef(b.namespace, b.name), "podUID", uid, "err", err.Error())
 			continue
-		case pod.UID == uid && !terminal(pod.Status.Phase):
+		case pod.UID == uid && !cluster.Terminal(pod.Status.Phase):
 			continue // still there: the informer will see it
 		}
-		s.state.deletePod(uid)
+		s.state.DeletePod(uid)
 		s.unconfirmed.done(uid)
 		s.metrics.staleReleased.Inc()
 		logger.Info("Released what a pod the informer never saw holds: the API server no longer has it running", "pod", klog.KRef(b.namespace, b.name), "podUID", uid)

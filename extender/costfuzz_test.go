@@ -11,6 +11,8 @@ import (
 	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // Cost budgets of what a pod's author reaches in the extender, whatever the
@@ -19,7 +21,7 @@ import (
 // 32 items of 96 bytes, about 70 KB and 240 allocations; of a pod over
 // them, under 10 KB and 100).
 var (
-	// demandBudget bounds demandOf.
+	// demandBudget bounds cluster.DemandOf.
 	demandBudget = fuzzcost.Cost{Allocs: 256, Bytes: 64 << 10}
 	// filterBudget bounds a cold Filter over filterFuzzNodes nodes.
 	filterBudget = fuzzcost.Cost{Allocs: 1000, Bytes: 256 << 10}
@@ -38,7 +40,7 @@ const maxErrorMessage = 4 << 10
 // FuzzFilterCost builds a GPU pod with the fuzzed placement annotations, as
 // one created past the webhook may carry, and checks what the extender
 // spends on it: the trimmer keeps at most a cut of each annotation it reads
-// (trimBudget), demandOf and a cold Filter over 16 nodes allocate no more
+// (trimBudget), cluster.DemandOf and a cold Filter over 16 nodes allocate no more
 // than demandBudget and filterBudget, however long the values, and a pod
 // whose annotations vgpu refuses gets Error, no node, and a message of at
 // most maxErrorMessage.
@@ -67,8 +69,8 @@ func FuzzFilterCost(f *testing.F) {
 		if cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = trim(pod) }); !cost.Within(trimBudget) {
 			t.Fatalf("trimmer of a pod with %d bytes of annotations cost %+v, want at most %+v", size, cost, trimBudget)
 		}
-		if cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = demandOf(pod) }); !cost.Within(demandBudget) {
-			t.Fatalf("demandOf a pod with %d bytes of annotations cost %+v, want at most %+v", size, cost, demandBudget)
+		if cost := fuzzcost.Measure(fuzzcost.Runs, func() { _, _ = cluster.DemandOf(pod) }); !cost.Within(demandBudget) {
+			t.Fatalf("cluster.DemandOf a pod with %d bytes of annotations cost %+v, want at most %+v", size, cost, demandBudget)
 		}
 		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
 		var got *extenderv1.ExtenderFilterResult

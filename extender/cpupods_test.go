@@ -49,9 +49,7 @@ func TestFilterPodWithoutGPU(t *testing.T) {
 	cfg.NodePolicy, cfg.GPUPolicy = vgpu.PolicyFragmentation, vgpu.PolicyFragmentation
 	e := newEnv(t, cfg, cpuPodCluster(t)...)
 	waitFor(t, "the workload learnt from the bound pods", func() bool {
-		e.s.state.mu.RLock()
-		defer e.s.state.mu.RUnlock()
-		return e.s.state.workload.CPUPerGPU() == 4000
+		return e.s.state.Workload().CPUPerGPU() == 4000
 	})
 	got := e.filter(pod, "idle", "full", "unknown")
 	if diff := cmp.Diff([]string{"full"}, *got.NodeNames); diff != "" {
@@ -96,9 +94,7 @@ func TestBindPodWithoutGPUCountsHost(t *testing.T) {
 		if fail {
 			want = 12000
 		}
-		e.s.state.mu.RLock()
-		free := e.s.state.nodes["idle"].hostFreeLocked().CPUMilli
-		e.s.state.mu.RUnlock()
+		free := e.s.state.HostFree("idle").CPUMilli
 		if free != want {
 			t.Errorf("fail=%v: idle's free CPU after the bind = %d, want %d", fail, free, want)
 		}

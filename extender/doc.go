@@ -22,6 +22,12 @@
 // reason that change can cure and that fit there now. Everything is
 // rebuilt from the API objects on restart.
 //
+// The state and its judging live in extender/cluster, behind a lock only
+// that package takes; the bookkeeping of pods waiting for a change in
+// extender/retry; the DRA scoring in extender/drascore. This package is
+// the adapter: the verbs, HTTP, the API client, metrics and the background
+// loops (docs/architecture.md maps which file answers which call).
+//
 // The HTTP layer (Handler, Serve, Run) only decodes, calls one Scheduler
 // method and encodes; it also serves Prometheus metrics, whose per-GPU
 // gauges are computed from the same state at scrape time (docs/metrics.md).

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -53,7 +54,7 @@ type doubtfulBinds struct {
 
 // doubtfulBind is one bind in doubt.
 type doubtfulBind struct {
-	entry           *podEntry
+	entry           *cluster.Entry
 	namespace, name string
 	// until is when a read that finds the pod unbound releases the entry:
 	// when the Binding was sent plus Config.BindOutcomeWait.
@@ -61,13 +62,13 @@ type doubtfulBind struct {
 }
 
 // add records e, the reservation of pod, in doubt until until.
-func (d *doubtfulBinds) add(pod *corev1.Pod, e *podEntry, until time.Time) {
+func (d *doubtfulBinds) add(pod *corev1.Pod, e *cluster.Entry, until time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.binds == nil {
 		d.binds = map[types.UID]doubtfulBind{}
 	}
-	d.binds[e.uid] = doubtfulBind{entry: e, namespace: pod.Namespace, name: pod.Name, until: until}
+	d.binds[e.UID()] = doubtfulBind{entry: e, namespace: pod.Namespace, name: pod.Name, until: until}
 }
 
 // get returns the bind in doubt of uid, if any.
@@ -90,21 +91,12 @@ func (d *doubtfulBinds) all() []doubtfulBind {
 }
 
 // done stops tracking e, unless a later bind of its pod replaced it.
-func (d *doubtfulBinds) done(e *podEntry) {
+func (d *doubtfulBinds) done(e *cluster.Entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if b, ok := d.binds[e.uid]; ok && b.entry == e {
-		delete(d.binds, e.uid)
+	if b, ok := d.binds[e.UID()]; ok && b.entry == e {
+		delete(d.binds, e.UID())
 	}
-}
-
-// reserving reports whether e is still counted as a reservation: the
-// informer has not seen its pod bound, finished or deleted, and nothing
-// released it.
-func (st *clusterState) reserving(e *podEntry) bool {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	return st.pods[e.uid] == e && e.reserved
 }
 
 // bindOutcome is what a read of the pod says of a Binding whose outcome was
@@ -125,18 +117,18 @@ const (
 // readOutcome reads pod namespace/name from etcd (a GET without
 // resourceVersion) and tells what it says of e's Binding. The error is the
 // read's, with bindPending.
-func (s *Scheduler) readOutcome(ctx context.Context, e *podEntry, namespace, name string) (bindOutcome, error) {
+func (s *Scheduler) readOutcome(ctx context.Context, e *cluster.Entry, namespace, name string) (bindOutcome, error) {
 	cur, err := s.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return bindImpossible, nil
 	case err != nil:
 		return bindPending, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
-	case cur.UID != e.uid || cur.DeletionTimestamp != nil || terminal(cur.Status.Phase):
+	case cur.UID != e.UID() || cur.DeletionTimestamp != nil || cluster.Terminal(cur.Status.Phase):
 		return bindImpossible, nil
 	case cur.Spec.NodeName == "":
 		return bindPending, nil
-	case cur.Spec.NodeName == e.node && cur.Annotations[vgpu.AnnotationPodAllocation] == e.raw:
+	case cur.Spec.NodeName == e.Node() && cur.Annotations[vgpu.AnnotationPodAllocation] == e.Raw():
 		return bindLanded, nil
 	}
 	return bindImpossible, nil
@@ -144,11 +136,11 @@ func (s *Scheduler) readOutcome(ctx context.Context, e *podEntry, namespace, nam
 
 // doubt keeps e, the reservation of pod whose Binding sent at sent failed
 // with err of unknown outcome, in doubt, and returns Bind's error.
-func (s *Scheduler) doubt(ctx context.Context, pod *corev1.Pod, e *podEntry, sent time.Time, err error) error {
+func (s *Scheduler) doubt(ctx context.Context, pod *corev1.Pod, e *cluster.Entry, sent time.Time, err error) error {
 	until := sent.Add(s.cfg.BindOutcomeWait.Duration)
 	s.doubts.add(pod, e, until)
 	klog.FromContext(ctx).Info("Binding outcome unknown and the pod not bound yet: keeping its GPUs reserved", "until", until, "err", err.Error())
-	return fmt.Errorf("%w (%w): %s", err, ErrBindInDoubt, doubtMessage(e.node, until))
+	return fmt.Errorf("%w (%w): %s", err, ErrBindInDoubt, doubtMessage(e.Node(), until))
 }
 
 // doubtMessage says what a pod whose Binding to node is in doubt until
@@ -170,22 +162,22 @@ func (s *Scheduler) resolveDoubts(ctx context.Context) {
 			continue
 		}
 		e := b.entry
-		if !s.state.reserving(e) {
+		if !s.state.Reserving(e) {
 			s.doubts.done(e)
 			continue
 		}
 		readCtx, cancel := context.WithTimeout(ctx, s.cfg.BindTimeout.Duration)
 		outcome, err := s.readOutcome(readCtx, e, b.namespace, b.name)
 		cancel()
-		log := logger.WithValues("pod", klog.KRef(b.namespace, b.name), "podUID", e.uid, "node", e.node)
+		log := logger.WithValues("pod", klog.KRef(b.namespace, b.name), "podUID", e.UID(), "node", e.Node())
 		switch {
 		case err != nil:
 			log.V(2).Info("Could not read a pod whose Binding is in doubt; trying again later", "err", err.Error())
 			continue
 		case outcome == bindLanded:
-			s.unconfirmed.add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: b.namespace, Name: b.name, UID: e.uid}}, now)
+			s.unconfirmed.add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: b.namespace, Name: b.name, UID: e.UID()}}, now)
 			log.Info("The Binding in doubt was committed; the pod keeps its GPUs")
-		case s.state.release(e):
+		case s.state.Release(e):
 			log.Info("Released the GPUs of a pod whose Binding in doubt was not committed", "bindOutcomeWait", s.cfg.BindOutcomeWait.Duration)
 		}
 		s.doubts.done(e)
@@ -196,7 +188,7 @@ func (s *Scheduler) resolveDoubts(ctx context.Context) {
 func (s *Scheduler) bindsInDoubt() int {
 	n := 0
 	for _, b := range s.doubts.all() {
-		if s.state.reserving(b.entry) {
+		if s.state.Reserving(b.entry) {
 			n++
 		}
 	}

@@ -105,7 +105,7 @@ func TestBindInDoubt(t *testing.T) {
 				tc.change(t, e, pod, commit)
 			}
 			if !tc.cutWatch {
-				waitFor(t, "the informer settled the reservation", func() bool { return e.s.state.reservations() == 0 || tc.change == nil })
+				waitFor(t, "the informer settled the reservation", func() bool { return e.s.state.Reservations() == 0 || tc.change == nil })
 			}
 			_, ctx := ktesting.NewTestContext(t)
 

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/extender/retry"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -18,6 +19,54 @@ import (
 // arguments no kube-scheduler sends (no pod, no node list, an empty name);
 // the HTTP layer answers 400 with the message.
 var ErrBadArgs = errors.New("bad extender arguments")
+
+// Reasons the extender turns a node away before it asks vgpu.Fit, beside
+// vgpu's own Fit reasons. Every one but ReasonNodeUnknown and
+// ReasonNotSynced means the device plugin is not serving the node (vgpu's
+// readiness reasons), and its message starts with "plugin not ready: ".
+// Counted by Scheduler.Rejections.
+const (
+	// ReasonNodeUnknown: the node is not (yet) in the extender's cache.
+	ReasonNodeUnknown = cluster.ReasonNodeUnknown
+	// ReasonNoInventory: the Node has no inventory annotation.
+	ReasonNoInventory = vgpu.ReasonNoInventory
+	// ReasonMalformedInventory: the inventory annotation does not parse,
+	// or names another node.
+	ReasonMalformedInventory = vgpu.ReasonMalformedInventory
+	// ReasonReadyLabel: the ready label is missing or not "true".
+	ReasonReadyLabel = vgpu.ReasonReadyLabel
+	// ReasonNoAllocatable: the Node's allocatable resource is missing or 0.
+	ReasonNoAllocatable = vgpu.ReasonNoAllocatable
+	// ReasonNoHeartbeat: no heartbeat Lease, or one without renewTime.
+	ReasonNoHeartbeat = vgpu.ReasonNoHeartbeat
+	// ReasonStaleHeartbeat: the heartbeat Lease was renewed longer ago than
+	// Config.HeartbeatMaxAge.
+	ReasonStaleHeartbeat = vgpu.ReasonStaleHeartbeat
+	// ReasonNotSynced: the extender's informers have not synced yet, so
+	// it cannot tell what is free anywhere.
+	ReasonNotSynced vgpu.Reason = "NotSynced"
+	// ReasonNotRegistered: the heartbeat says the plugin is not registered
+	// with the kubelet, or does not parse.
+	ReasonNotRegistered = vgpu.ReasonNotRegistered
+)
+
+// notSyncedVerdict is every node's verdict before the informers synced:
+// Filter's answer then, not a judgement of any node.
+var notSyncedVerdict = cluster.Rejected(ReasonNotSynced, true, fieldManager+" not ready: informer caches not synced")
+
+// placesWithoutGPU reports whether Filter and Prioritize judge d, a pod
+// that asks for no GPU, on each node rather than pass it everywhere: under
+// a node policy that sends it where CPU is most in surplus over what the
+// node's free GPUs will want (vgpu.Policy.RanksByCPUSurplus: fragmentation).
+// kube-scheduler sends such pods only when the profile's extender manages
+// no resources (the chart's scheduler.extender.placePodsWithoutGPU).
+func (s *Scheduler) placesWithoutGPU(d *cluster.Demand) bool {
+	policy := d.Pod.Constraints.NodePolicy
+	if policy == "" {
+		policy = s.cfg.NodePolicy
+	}
+	return !d.WantsGPU() && policy.RanksByCPUSurplus() && s.Ready()
+}
 
 // candidates returns the node names of args: NodeNames when kube-scheduler
 // runs with nodeCacheCapable, else the names of Nodes.
@@ -43,7 +92,7 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 // NodeScore.Compare: Value 0..100, then Raw and Tie; Prioritize answers
 // Value on 0..10): the others are left out of the answer, neither passed
 // nor failed; many of them are not even fitted, as their score bound is
-// below the best value found (evaluateBest), so
+// below the best value found (cluster.State.JudgeBest), so
 // while the pod fits somewhere FailedNodes and the rejection counters
 // cover only the nodes judged. When it fits nowhere every node is judged.
 // The answer has the same form as the
@@ -69,7 +118,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	if err != nil {
 		return nil, err
 	}
-	d, err := demandOf(args.Pod)
+	d, err := cluster.DemandOf(args.Pod)
 	if err != nil {
 		return &extenderv1.ExtenderFilterResult{
 			FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: err.Error(),
@@ -78,26 +127,26 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	// Every slot is written below; the slice goes back to the pool when
 	// the answer is built (it holds no state the answer points to but
 	// strings).
-	buf := verdictPool.Get().(*[]verdict)
+	buf := verdictPool.Get().(*[]cluster.Verdict)
 	defer verdictPool.Put(buf)
 	if cap(*buf) < len(names) {
-		*buf = make([]verdict, len(names))
+		*buf = make([]cluster.Verdict, len(names))
 	}
 	verdicts := (*buf)[:len(names)]
 	seen := s.retries.Seen()
 	switch {
-	case d.wantsGPU() && !s.Ready():
+	case d.WantsGPU() && !s.Ready():
 		// Without every bound pod counted, full GPUs would look free.
 		for i := range verdicts {
 			verdicts[i] = notSyncedVerdict
 		}
-	case d.wantsGPU() && s.cfg.FilterResult == FilterResultBest:
-		s.evaluateBest(names, &d, verdicts)
-	case d.wantsGPU(), s.placesWithoutGPU(&d):
-		s.evaluateAll(names, &d, func(i int, v verdict) { verdicts[i] = v })
+	case d.WantsGPU() && s.cfg.FilterResult == FilterResultBest:
+		s.state.JudgeBest(names, &d, verdicts)
+	case d.WantsGPU(), s.placesWithoutGPU(&d):
+		s.state.JudgeAll(names, &d, func(i int, v cluster.Verdict) { verdicts[i] = v })
 	default:
 		for i := range verdicts {
-			verdicts[i] = verdict{fits: true}
+			verdicts[i] = cluster.Verdict{Fits: true}
 		}
 	}
 	var best *vgpu.NodeScore // nil: every fitting node passes
@@ -130,13 +179,13 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			}
 			continue
 		}
-		msg := v.message
+		msg := v.Message
 		if msg == "" {
 			// One message per reason and container, the same on every
 			// node, so kube-scheduler's event counts them together.
-			k := needKey{v.reason, v.container}
+			k := needKey{v.Reason, v.Container}
 			if msg = needs[k]; msg == "" {
-				msg = vgpu.NeedMessage(d.pod, &vgpu.FitError{Reason: v.reason, Container: v.container})
+				msg = vgpu.NeedMessage(d.Pod, &vgpu.FitError{Reason: v.Reason, Container: v.Container})
 				needs[k] = msg
 			}
 		}
@@ -145,7 +194,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		} else {
 			result.FailedNodes[names[i]] = msg
 		}
-		counts[v.reason]++
+		counts[v.Reason]++
 	}
 	s.rejections.add(counts)
 	// A pod that passed some node is placed there (kube-scheduler sends
@@ -153,14 +202,14 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	if len(passed) == 0 && len(counts) > 0 {
 		var rej retry.Rejection
 		for _, v := range verdicts {
-			if v.node < 0 {
+			if v.Node < 0 {
 				rej.Unjudged = true
 			} else {
-				rej.Add(v.node, v.reason)
+				rej.Add(v.Node, v.Reason)
 			}
 		}
 		if s.Ready() {
-			rej.Elsewhere = s.fitsElsewhere(&d, &rej, len(names))
+			rej.Elsewhere = s.state.FitsElsewhere(&d, rej.Judged, len(names))
 		}
 		s.retries.Rejected(args.Pod, d, seen, rej)
 	} else {
@@ -196,13 +245,13 @@ const (
 
 // outcomeOf is v's outcome when best is the best score (nil: every
 // fitting node passes).
-func outcomeOf(v *verdict, best *vgpu.NodeScore) filterOutcome {
+func outcomeOf(v *cluster.Verdict, best *vgpu.NodeScore) filterOutcome {
 	switch {
-	case v.fits && (best == nil || v.score.Compare(*best) >= 0):
+	case v.Fits && (best == nil || v.Score.Compare(*best) >= 0):
 		return outcomePassed
-	case v.fits:
+	case v.Fits:
 		return outcomeLeftOut
-	case v.unresolvable:
+	case v.Unresolvable:
 		return outcomeUnresolvable
 	}
 	return outcomeFailed
@@ -210,13 +259,13 @@ func outcomeOf(v *verdict, best *vgpu.NodeScore) filterOutcome {
 
 // bestScore returns the best score (vgpu.NodeScore.Compare) among the
 // fitting verdicts, the first of those that tie; nil when none fits.
-func bestScore(verdicts []verdict) *vgpu.NodeScore {
+func bestScore(verdicts []cluster.Verdict) *vgpu.NodeScore {
 	var best vgpu.NodeScore
 	found := false
 	for i := range verdicts {
-		if v := &verdicts[i]; v.fits {
-			if !found || v.score.Compare(best) > 0 {
-				best, found = v.score, true
+		if v := &verdicts[i]; v.Fits {
+			if !found || v.Score.Compare(best) > 0 {
+				best, found = v.Score, true
 			}
 		}
 	}
@@ -243,64 +292,22 @@ func (s *Scheduler) Prioritize(ctx context.Context, args *extenderv1.ExtenderArg
 	for i, name := range names {
 		list[i].Host = name
 	}
-	d, err := demandOf(args.Pod)
-	if err != nil || !d.wantsGPU() && !s.placesWithoutGPU(&d) || !s.Ready() {
+	d, err := cluster.DemandOf(args.Pod)
+	if err != nil || !d.WantsGPU() && !s.placesWithoutGPU(&d) || !s.Ready() {
 		return list, nil
 	}
-	s.evaluateAll(names, &d, func(i int, v verdict) {
-		if v.fits {
-			list[i].Score = scaleScore(v.score.Value)
+	s.state.JudgeAll(names, &d, func(i int, v cluster.Verdict) {
+		if v.Fits {
+			list[i].Score = scaleScore(v.Score.Value)
 		}
 	})
 	klog.FromContext(ctx).V(5).Info("Prioritized", "pod", klog.KObj(args.Pod), "scores", list)
 	return list, nil
 }
 
-// fitsElsewhere reports whether d fits now some node kube-scheduler did
-// not send (those rej names, candidates how many), when those
-// were a sample. With percentageOfNodesToScore below 100 kube-scheduler
-// stops filtering once it has found a number of feasible nodes that
-// depends only on the node count (sampleSize), and sends the extender only
-// those; when none of them has room but another node has, the pod should
-// be retried soon, with another sample, rather than wait for a change on
-// the nodes it saw. A candidate list of any other length is every node
-// kube-scheduler's own filters (node selectors, taints, CPU) let through,
-// and the pod is not retried for nodes outside it. Verdicts are
-// remembered, so the scan costs little beyond the first pod of a shape.
-func (s *Scheduler) fitsElsewhere(d *demand, rej *retry.Rejection, candidates int) bool {
-	st := s.state
-	now := s.clock.Now()
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	if all := st.known; candidates >= all || candidates != sampleSize(s.cfg.PercentageOfNodesToScore, all) {
-		return false
-	}
-	for _, n := range st.byIndex {
-		if !rej.Judged(n.index) && n.known && s.evaluateLocked(n.name, d, now).fits {
-			return true
-		}
-	}
-	return false
-}
-
-// sampleSize is how many feasible nodes kube-scheduler looks for among
-// all before it stops, for a profile's percentageOfNodesToScore (0:
-// adaptive, 50% − all/125 but at least 5%; never fewer than 100 nodes).
-// It follows kube-scheduler's numFeasibleNodesToFind.
-func sampleSize(percentage, all int) int {
-	const minNodes, minPercent = 100, 5
-	if all < minNodes {
-		return all
-	}
-	if percentage == 0 {
-		percentage = max(50-all/125, minPercent)
-	}
-	return max(all*percentage/100, minNodes)
-}
-
 // verdictPool holds Filter's per-node verdict slices between calls: at
 // thousands of nodes they are most of what a call allocates.
-var verdictPool = sync.Pool{New: func() any { return new([]verdict) }}
+var verdictPool = sync.Pool{New: func() any { return new([]cluster.Verdict) }}
 
 // needKey names a reason-only Fit verdict's message: the reason and the
 // container.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 func slicePod(name string, memMiB int64) *corev1.Pod {
@@ -151,11 +153,11 @@ func TestFilterFollowsUpdates(t *testing.T) {
 // fitMessage is vgpu.Fit's own message for pod on inv with usage.
 func fitMessage(t *testing.T, pod *corev1.Pod, inv *vgpu.NodeInventory, usage *vgpu.NodeUsage) string {
 	t.Helper()
-	d, err := demandOf(pod)
+	d, err := cluster.DemandOf(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = vgpu.Fit(d.pod, vgpu.NodeState{Inventory: *inv, Usage: usage}, vgpu.FitOptions{})
+	_, err = vgpu.Fit(d.Pod, vgpu.NodeState{Inventory: *inv, Usage: usage}, vgpu.FitOptions{})
 	var fe *vgpu.FitError
 	if !errors.As(err, &fe) {
 		t.Fatalf("Fit: %v, want a *vgpu.FitError", err)
@@ -167,16 +169,16 @@ func fitMessage(t *testing.T, pod *corev1.Pod, inv *vgpu.NodeInventory, usage *v
 // holding usage: what Filter answers for that node.
 func needMessage(t *testing.T, pod *corev1.Pod, inv *vgpu.NodeInventory, usage *vgpu.NodeUsage) string {
 	t.Helper()
-	d, err := demandOf(pod)
+	d, err := cluster.DemandOf(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = vgpu.Fit(d.pod, vgpu.NodeState{Inventory: *inv, Usage: usage}, vgpu.FitOptions{ReasonOnly: true})
+	_, err = vgpu.Fit(d.Pod, vgpu.NodeState{Inventory: *inv, Usage: usage}, vgpu.FitOptions{ReasonOnly: true})
 	var fe *vgpu.FitError
 	if !errors.As(err, &fe) {
 		t.Fatalf("Fit: %v, want a *vgpu.FitError", err)
 	}
-	return vgpu.NeedMessage(d.pod, fe)
+	return vgpu.NeedMessage(d.Pod, fe)
 }
 
 // TestFilterFitRejection checks that the reason vgpu.Fit finds reaches the

@@ -5,12 +5,13 @@ import (
 	"compress/gzip"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // gpuFamily is one per-GPU gauge: /metrics writes it from the state, one
@@ -26,19 +27,19 @@ import (
 // writer buffers.
 type gpuFamily struct {
 	name, help string
-	value      func(*gpuSample) int64
+	value      func(*cluster.GPUSample) int64
 }
 
 // gpuFamilies are the per-GPU gauges, in the order /metrics writes them.
 var gpuFamilies = []gpuFamily{
 	{MetricGPUMemoryAllocated, "GPU memory held by the slices of pods bound to the GPU or being bound, in MiB, each pod counted at its peak.",
-		func(g *gpuSample) int64 { return g.memoryMiB }},
+		func(g *cluster.GPUSample) int64 { return g.MemoryMiB }},
 	{MetricGPUCoresAllocated, "GPU compute reserved by the slices of pods bound to the GPU or being bound, in percent of the GPU.",
-		func(g *gpuSample) int64 { return int64(g.coresPercent) }},
+		func(g *cluster.GPUSample) int64 { return int64(g.CoresPercent) }},
 	{MetricGPUSlicesAllocated, "Slices (containers) held on the GPU by pods bound to it or being bound.",
-		func(g *gpuSample) int64 { return int64(g.slices) }},
+		func(g *cluster.GPUSample) int64 { return int64(g.Slices) }},
 	{MetricGPUMemorySchedulable, "GPU memory slices may use, in MiB, as the node's device plugin published it (total minus reserve, times the memory scaling).",
-		func(g *gpuSample) int64 { return g.schedulableMemMiB }},
+		func(g *cluster.GPUSample) int64 { return g.SchedulableMemMiB }},
 }
 
 // metricsHandler serves /metrics in the Prometheus text format (version
@@ -46,7 +47,7 @@ var gpuFamilies = []gpuFamily{
 // accepts it): the registry's families, then gpuFamilies from the state.
 type metricsHandler struct {
 	reg prometheus.Gatherer
-	st  *clusterState
+	st  *cluster.State
 }
 
 // ServeHTTP writes the scrape. Like promhttp with ContinueOnError, a
@@ -57,7 +58,7 @@ func (h *metricsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "gathering metrics: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	samples := h.st.gpuSamples()
+	samples := h.st.GPUSamples()
 	format := expfmt.NewFormat(expfmt.TypeTextPlain)
 	w.Header().Set("Content-Type", string(format))
 	var out io.Writer = w
@@ -98,7 +99,7 @@ func acceptsGzip(header string) bool {
 
 // writeGPUFamilies writes gpuFamilies for samples in the text format: a
 // HELP and a TYPE line per family, then one line per GPU.
-func writeGPUFamilies(w *bufio.Writer, samples []gpuSample) error {
+func writeGPUFamilies(w *bufio.Writer, samples []cluster.GPUSample) error {
 	line := make([]byte, 0, 256)
 	for _, f := range gpuFamilies {
 		if _, err := w.WriteString("# HELP " + f.name + " " + f.help + "\n# TYPE " + f.name + " gauge\n"); err != nil {
@@ -108,9 +109,9 @@ func writeGPUFamilies(w *bufio.Writer, samples []gpuSample) error {
 			g := &samples[i]
 			line = append(line[:0], f.name...)
 			line = append(line, `{gpu="`...)
-			line = appendLabelValue(line, g.gpu)
+			line = appendLabelValue(line, g.GPU)
 			line = append(line, `",node="`...)
-			line = appendLabelValue(line, g.node)
+			line = appendLabelValue(line, g.Node)
 			line = append(line, `"} `...)
 			line = strconv.AppendInt(line, f.value(g), 10)
 			line = append(line, '\n')
@@ -140,43 +141,4 @@ func appendLabelValue(b []byte, v string) []byte {
 		}
 	}
 	return b
-}
-
-// gpuSample is one GPU's figures, copied under the state's read lock.
-type gpuSample struct {
-	node, gpu         string
-	memoryMiB         int64
-	coresPercent      int
-	slices            int
-	schedulableMemMiB int64
-}
-
-// gpuSamples returns the figures of every GPU in the inventory of every
-// Node that exists and published a valid one, by node name and then in
-// inventory order.
-func (st *clusterState) gpuSamples() []gpuSample {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	names := make([]string, 0, len(st.nodes))
-	count := 0
-	for name, n := range st.nodes {
-		if n.known && n.inventoryErr == nil {
-			names = append(names, name)
-			count += len(n.inventory.GPUs)
-		}
-	}
-	slices.Sort(names)
-	out := make([]gpuSample, 0, count)
-	for _, name := range names {
-		n := st.nodes[name]
-		for _, g := range n.inventory.GPUs {
-			u := n.usage.GPU(g.UUID)
-			out = append(out, gpuSample{
-				node: name, gpu: g.UUID,
-				memoryMiB: u.MemoryMiB, coresPercent: u.CoresPercent, slices: u.Slices,
-				schedulableMemMiB: g.SchedulableMemoryMiB,
-			})
-		}
-	}
-	return out
 }

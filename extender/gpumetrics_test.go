@@ -19,6 +19,8 @@ import (
 
 	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/vgpu"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // registryGPUs is the per-GPU gauges as a prometheus.Collector of constant
@@ -26,11 +28,11 @@ import (
 // reference the streamed families must equal and as the baseline of
 // BenchmarkScrape.
 type registryGPUs struct {
-	samples func() []gpuSample
+	samples func() []cluster.GPUSample
 	descs   []*prometheus.Desc
 }
 
-func newRegistryGPUs(samples func() []gpuSample) *registryGPUs {
+func newRegistryGPUs(samples func() []cluster.GPUSample) *registryGPUs {
 	r := &registryGPUs{samples: samples}
 	for _, f := range gpuFamilies {
 		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, []string{"node", "gpu"}, nil))
@@ -47,7 +49,7 @@ func (r *registryGPUs) Describe(ch chan<- *prometheus.Desc) {
 func (r *registryGPUs) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range r.samples() {
 		for i, f := range gpuFamilies {
-			ch <- constMetric(r.descs[i], prometheus.GaugeValue, float64(f.value(&g)), g.node, g.gpu)
+			ch <- constMetric(r.descs[i], prometheus.GaugeValue, float64(f.value(&g)), g.Node, g.GPU)
 		}
 	}
 }
@@ -77,11 +79,11 @@ func familyHeads(families map[string]*dto.MetricFamily) map[string]string {
 // and values a Prometheus registry writes for the same figures, label
 // values that need escaping included.
 func TestGPUFamiliesAsTheRegistryWritesThem(t *testing.T) {
-	samples := []gpuSample{
-		{node: "node-a", gpu: "GPU-0", memoryMiB: 4096, coresPercent: 30, slices: 2, schedulableMemMiB: 81920},
-		{node: "node-a", gpu: "GPU-1", schedulableMemMiB: 81920},
-		{node: "node-b", gpu: `GPU-"quoted"\back` + "\nline", memoryMiB: 1, coresPercent: 100, slices: 1, schedulableMemMiB: 15360},
-		{node: "node-c", gpu: "GPU-ü", memoryMiB: 1 << 40, schedulableMemMiB: 1 << 40},
+	samples := []cluster.GPUSample{
+		{Node: "node-a", GPU: "GPU-0", MemoryMiB: 4096, CoresPercent: 30, Slices: 2, SchedulableMemMiB: 81920},
+		{Node: "node-a", GPU: "GPU-1", SchedulableMemMiB: 81920},
+		{Node: "node-b", GPU: `GPU-"quoted"\back` + "\nline", MemoryMiB: 1, CoresPercent: 100, Slices: 1, SchedulableMemMiB: 15360},
+		{Node: "node-c", GPU: "GPU-ü", MemoryMiB: 1 << 40, SchedulableMemMiB: 1 << 40},
 	}
 	var streamed bytes.Buffer
 	bw := bufio.NewWriter(&streamed)
@@ -92,7 +94,7 @@ func TestGPUFamiliesAsTheRegistryWritesThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newRegistryGPUs(func() []gpuSample { return samples }))
+	reg.MustRegister(newRegistryGPUs(func() []cluster.GPUSample { return samples }))
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	want := metricstest.Scrape(t, nil, srv.URL)
@@ -134,7 +136,7 @@ func sampleMap(families map[string]*dto.MetricFamily) map[string]float64 {
 func TestGPUFamiliesInvalidUTF8(t *testing.T) {
 	var buf bytes.Buffer
 	bw := bufio.NewWriter(&buf)
-	if err := writeGPUFamilies(bw, []gpuSample{{node: "n", gpu: "GPU-\xff\xfe", slices: 3}}); err != nil {
+	if err := writeGPUFamilies(bw, []cluster.GPUSample{{Node: "n", GPU: "GPU-\xff\xfe", Slices: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := bw.Flush(); err != nil {
@@ -207,7 +209,7 @@ func TestMetricsScrapeGzip(t *testing.T) {
 func BenchmarkScrape(b *testing.B) {
 	s, _ := benchScheduler(b, 5000, 40000, vgpu.PolicyBinpack)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newRegistryGPUs(s.state.gpuSamples))
+	reg.MustRegister(newRegistryGPUs(s.state.GPUSamples))
 	baseline := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	measure := func(h http.Handler, n int) (p50 time.Duration, mib float64) {
 		var took []time.Duration

@@ -235,7 +235,7 @@ func (e *env) createPod(pod *corev1.Pod) {
 // will see has been seen.
 func (e *env) settled() {
 	e.t.Helper()
-	waitFor(e.t, "reservations confirmed or released", func() bool { return e.s.state.reservations() == 0 })
+	waitFor(e.t, "reservations confirmed or released", func() bool { return e.s.state.Reservations() == 0 })
 }
 
 // gpuNode returns a published Node of gpus GPUs of memMiB each, named

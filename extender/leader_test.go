@@ -147,7 +147,7 @@ func TestLeaderFollowsKubeScheduler(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Create(ctx, vgputest.PublishedNode(*inv2).Condition(vgpu.ConditionRegistered, corev1.ConditionTrue, vgpu.ReasonRegistered).Obj(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "stale-2 in the cache", func() bool { return len(s.state.registrations()) == 2 })
+	waitFor(t, "stale-2 in the cache", func() bool { return len(s.state.Registrations()) == 2 })
 	patches := statusPatches()
 
 	// Renewed again: a new term passes over the nodes at once.

@@ -15,6 +15,8 @@ import (
 	"github.com/gpuslice/gpuslice/internal/fuzzcost"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // hugeExclude is a 200 KiB hami.io/gpu-model-exclude value, as a pod created
@@ -51,8 +53,7 @@ func TestFilterOverLimitPod(t *testing.T) {
 		FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: hugeExcludeError,
 	}
 
-	st := e.s.state
-	st.mu.Lock() // as an informer's update or a new workload's rebuild does
+	resume := e.s.state.Stall() // as an informer's update or a new workload's rebuild does
 	answered := make(chan *extenderv1.ExtenderFilterResult, 1)
 	go func() {
 		got, err := e.s.Filter(context.Background(), args)
@@ -63,12 +64,12 @@ func TestFilterOverLimitPod(t *testing.T) {
 	}()
 	select {
 	case got := <-answered:
-		st.mu.Unlock()
+		resume()
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("Filter (-want +got):\n%s", diff)
 		}
 	case <-time.After(20 * time.Second):
-		st.mu.Unlock()
+		resume()
 		<-answered
 		t.Fatal("Filter of the over-limit pod waited for the state's lock")
 	}
@@ -135,7 +136,7 @@ func TestTrimKeepsReadAnnotationsBounded(t *testing.T) {
 	if diff := cmp.Diff(want, kept.Annotations); diff != "" {
 		t.Errorf("kept annotations (-want +got):\n%s", diff)
 	}
-	_, err = demandOf(kept.pod())
+	_, err = cluster.DemandOf(kept.pod())
 	var ae *vgpu.AnnotationError
 	if !errors.As(err, &ae) || ae.Key != vgpu.AnnotationGPUModelExclude || !strings.Contains(err.Error(), "must be at most 4096 bytes") {
 		t.Errorf("demand of the kept pod: %v, want the exclude list over its limit", err)

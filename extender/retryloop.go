@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/extender/retry"
 )
 
@@ -79,7 +80,7 @@ func (s *Scheduler) retryLoop(ctx context.Context) {
 // lock, whether the waiting pod fits the node now.
 func (s *Scheduler) dueRetries() (at time.Time, pods []retry.Pod, again time.Duration) {
 	now := s.clock.Now()
-	s.judging(now, func(fits func(d *demand, node int) bool) {
+	s.state.Judging(now, func(fits func(d *cluster.Demand, node int) bool) {
 		at, pods, again = s.retries.Due(now, fits)
 	})
 	return at, pods, again

@@ -14,6 +14,8 @@ import (
 	"github.com/gpuslice/gpuslice/internal/metricstest"
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // TestRetryAfterChange runs the informers and the retry loop on a fake
@@ -146,7 +148,7 @@ func TestSampleSize(t *testing.T) {
 		{100, 1000, 1000}, {30, 1000, 300}, {30, 200, 100},
 	}
 	for _, tt := range tests {
-		if got := sampleSize(tt.percentage, tt.all); got != tt.want {
+		if got := cluster.SampleSize(tt.percentage, tt.all); got != tt.want {
 			t.Errorf("sampleSize(%d, %d) = %d, want %d", tt.percentage, tt.all, got, tt.want)
 		}
 	}

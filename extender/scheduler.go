@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/extender/drascore"
 	"github.com/gpuslice/gpuslice/extender/retry"
 	"github.com/gpuslice/gpuslice/internal/eventqueue"
@@ -65,11 +66,11 @@ type Scheduler struct {
 	client     kubernetes.Interface
 	clock      clock.PassiveClock
 	fitOptions vgpu.FitOptions
-	state      *clusterState
+	// state is what the informers said, and the judge of pods on it.
+	state *cluster.State
 	// retries are the pods Filter turned away, which the state's changes
 	// may cure (retryLoop); it is the state's listener.
-	retries    *retry.Tracker[demand]
-	bindLocks  keyedMutex
+	retries    *retry.Tracker[cluster.Demand]
 	rejections rejectionCounts
 	metrics    *metrics
 	// binds bounds the binds waiting for the API client.
@@ -133,16 +134,31 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 		client:     opts.Client,
 		clock:      opts.Clock,
 		fitOptions: vgpu.FitOptions{NodePolicy: cfg.NodePolicy, GPUPolicy: cfg.GPUPolicy},
-		state:      newClusterState(corev1.ResourceName(cfg.ResourceName), opts.Clock.Now, cfg.HeartbeatMaxAge.Duration, opts.Workload),
-		retries:    retry.New[demand](opts.Clock.Now),
+		retries:    retry.New[cluster.Demand](opts.Clock.Now),
 		binds:      bindGate{max: int64(cfg.pendingBinds())},
 		workload:   tracker,
 		host:       opts.Hostname,
 	}
-	s.state.listener = s.retries
+	stateOpts := cluster.Options{
+		ResourceName:             corev1.ResourceName(cfg.ResourceName),
+		Now:                      opts.Clock.Now,
+		HeartbeatMaxAge:          cfg.HeartbeatMaxAge.Duration,
+		HeartbeatNamespace:       cfg.HeartbeatNamespace,
+		Fit:                      s.fitOptions,
+		PercentageOfNodesToScore: cfg.PercentageOfNodesToScore,
+		Workload:                 opts.Workload,
+		Listener:                 s.retries,
+	}
 	if cfg.DRA {
-		s.dra = drascore.New(s.fitOptions, s.state)
-		s.state.extraSupply = s.dra.Supply
+		// The DRA state reads the cluster state's hosts (ReadHosts) and
+		// adds its GPUs to the workload's supply: each needs the other.
+		var dra *drascore.State
+		stateOpts.ExtraSupply = func() map[string]int { return dra.Supply() }
+		s.state = cluster.New(stateOpts)
+		dra = drascore.New(s.fitOptions, s.state)
+		s.dra = dra
+	} else {
+		s.state = cluster.New(stateOpts)
 	}
 	events := opts.EventClient
 	if events == nil {
@@ -175,7 +191,7 @@ func (s *Scheduler) readyErr() error {
 
 // NodeUsage returns a copy of what the counted pods (bound, and reserved by
 // a Bind in progress) hold on node; empty for an unknown node.
-func (s *Scheduler) NodeUsage(node string) *vgpu.NodeUsage { return s.state.usageOf(node) }
+func (s *Scheduler) NodeUsage(node string) *vgpu.NodeUsage { return s.state.Usage(node) }
 
 // Rejections returns how many times, since start, Filter turned a node
 // away, by reason: the vgpu Fit reasons and this package's Reason
@@ -190,11 +206,11 @@ func (s *Scheduler) Rejections() map[vgpu.Reason]int64 { return s.rejections.sna
 // ends before the caches synced. Call it once.
 func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("informers")
-	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName), s.state.parsedInventory)
-	cluster := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
+	trim := trimmer(corev1.ResourceName(s.cfg.ResourceName), s.state.ParsedInventory)
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(trim))
 	// The pod cache without the factory's namespace index: the extender
 	// reads pods by key only, and the index costs a set entry per pod.
-	cluster.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+	factory.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coreinformers.NewFilteredPodInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
 	})
 	// Only the heartbeat Leases: the kubelets' node Leases share the
@@ -204,7 +220,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = vgpu.LabelHeartbeat + "=" + vgpu.LabelHeartbeatValue
 		}))
-	defer cluster.Shutdown()
+	defer factory.Shutdown()
 	defer leases.Shutdown()
 	var draSlices informers.SharedInformerFactory
 	if s.dra != nil {
@@ -223,9 +239,9 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 		return nil
 	}
 	err := errors.Join(
-		register(cluster.Core().V1().Nodes().Informer(), handlers(st.upsertNodeMeta, func(n *nodeMeta) { st.deleteNode(n.Name) })),
-		register(cluster.Core().V1().Pods().Informer(), podHandlers(logger, st, s.podArrival())),
-		register(leases.Coordination().V1().Leases().Informer(), handlers(st.upsertLease, func(l *coordinationv1.Lease) { st.deleteLease(l.Name) })),
+		register(factory.Core().V1().Nodes().Informer(), handlers(st.UpsertNodeMeta, func(n *cluster.NodeMeta) { st.DeleteNode(n.Name) })),
+		register(factory.Core().V1().Pods().Informer(), podHandlers(logger, st, s.podArrival())),
+		register(leases.Coordination().V1().Leases().Informer(), handlers(st.UpsertLease, func(l *coordinationv1.Lease) { st.DeleteLease(l.Name) })),
 	)
 	if err != nil {
 		return err
@@ -237,14 +253,14 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 				s.dra.ForgetPod(o.GetUID())
 			}
 		})
-		if err := errors.Join(s.watchDRA(cluster, draSlices, register), register(cluster.Core().V1().Pods().Informer(), forget)); err != nil {
+		if err := errors.Join(s.watchDRA(factory, draSlices, register), register(factory.Core().V1().Pods().Informer(), forget)); err != nil {
 			return err
 		}
 		draSlices.Start(ctx.Done())
 	}
-	podStore := cluster.Core().V1().Pods().Informer().GetIndexer()
+	podStore := factory.Core().V1().Pods().Informer().GetIndexer()
 	s.pods.Store(&podStore)
-	cluster.Start(ctx.Done())
+	factory.Start(ctx.Done())
 	leases.Start(ctx.Done())
 	synced := make([]cache.InformerSynced, 0, len(regs))
 	for _, r := range regs {
@@ -255,7 +271,7 @@ func (s *Scheduler) WatchCluster(ctx context.Context) error {
 	}
 	s.synced.Store(true)
 	// Pods Filter turned away before now were judged on no state at all.
-	s.state.synced()
+	s.state.Synced()
 	logger.Info("Informer caches synced; ready")
 	var wg sync.WaitGroup
 	// Only the leader asks for retries and writes node conditions; every
@@ -310,21 +326,20 @@ func handlers[T any](upsert func(T), remove func(T)) cache.ResourceEventHandlerF
 // one, never as the old pod's delete: an update that changes the UID first
 // removes what the old pod held, else its slices would stay counted for
 // good (found by the chaos soak), and the new pod arrives.
-func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) cache.ResourceEventHandlerFuncs {
+func podHandlers(logger klog.Logger, st *cluster.State, arrived func(obj any)) cache.ResourceEventHandlerFuncs {
 	h := handlers(func(obj any) {
 		switch o := obj.(type) {
 		case *podMeta:
-			st.upsertHost(o.UID, o.NodeName, o.Terminal, o.Host)
-			_ = st.upsertGPU(&corev1.Pod{ObjectMeta: *o.objectMeta()}, o.Terminal) // no allocation: cannot fail
+			st.UpsertPlainPod(o.UID, o.NodeName, o.Terminal, o.Host)
 		case *gpuPod:
-			if err := st.upsertPod(o.pod()); err != nil {
+			if err := st.UpsertPod(o.pod()); err != nil {
 				logger.Info("Not counting a pod with an invalid allocation", "pod", klog.KRef(o.Namespace, o.Name), "node", o.NodeName, "err", err.Error())
 			}
 		}
 	}, func(obj any) {
 		// meta.Accessor reads a podMeta through GetObjectMeta.
 		if o, err := meta.Accessor(obj); err == nil {
-			st.deletePod(o.GetUID())
+			st.DeletePod(o.GetUID())
 		}
 	})
 	update := h.UpdateFunc
@@ -333,7 +348,7 @@ func podHandlers(logger klog.Logger, st *clusterState, arrived func(obj any)) ca
 		o, oldErr := meta.Accessor(oldObj)
 		n, newErr := meta.Accessor(obj)
 		if oldErr == nil && newErr == nil && n.GetUID() != o.GetUID() {
-			st.deletePod(o.GetUID())
+			st.DeletePod(o.GetUID())
 			if arrived != nil {
 				arrived(obj)
 			}
@@ -368,13 +383,13 @@ func (s *Scheduler) podArrival() func(obj any) {
 // cluster, which the extender never binds — becomes a podMeta: its
 // identity, node, whether it finished and its CPU and memory request, a
 // fifth of the size of an empty corev1.Pod. A Node becomes a nodeMeta
-// (nodeMetaOf): its identity, the ready label, the inventory parsed (reuse
+// (cluster.NodeMetaOf): its identity, the ready label, the inventory parsed (reuse
 // shares the state's parse while the annotation is unchanged; nil: parse
 // each time), the allocatable of resource, CPU and memory and the status
 // and reason of its Ready and registration conditions. Of a Lease it keeps
 // its identity, renewTime and heartbeat annotation. Of anything else, all
 // but the managed fields.
-func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.TransformFunc {
+func trimmer(resource corev1.ResourceName, reuse cluster.InventoryReuse) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		switch o := obj.(type) {
 		case *corev1.Pod:
@@ -384,7 +399,7 @@ func trimmer(resource corev1.ResourceName, reuse inventoryReuse) cache.Transform
 			}
 			return gpuPodOf(o, annotations), nil
 		case *corev1.Node:
-			return nodeMetaOf(o, resource, reuse), nil
+			return cluster.NodeMetaOf(o, resource, reuse), nil
 		case *resourcev1.ResourceClaim:
 			return drascore.TrimClaim(o), nil
 		case *coordinationv1.Lease:
@@ -425,29 +440,6 @@ func keepAnnotations(in map[string]string) map[string]string {
 		out[k] = v
 	}
 	return out
-}
-
-// keyedMutex is one mutex per key, created on first use and kept (one per
-// node). Binds to different nodes never wait on each other.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-// lock locks key's mutex and returns its unlock function.
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*sync.Mutex{}
-	}
-	m := k.locks[key]
-	if m == nil {
-		m = &sync.Mutex{}
-		k.locks[key] = m
-	}
-	k.mu.Unlock()
-	m.Lock()
-	return m.Unlock
 }
 
 // rejectionCounts counts Filter's rejections by reason.

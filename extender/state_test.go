@@ -19,109 +19,9 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
-
-// TestUpsertPod checks which pods count, event by event: a slice of
-// 1000 MiB on n1-GPU-0 is the pod's allocation throughout.
-func TestUpsertPod(t *testing.T) {
-	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 10).Obj()
-	raw, err := vgpu.EncodePodAllocation(alloc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10)
-	unbound := base.Obj()
-	annotated := vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10).Annotation(vgpu.AnnotationPodAllocation, raw).Obj()
-	bound := boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000).Cores(10), alloc)
-	succeeded := bound.DeepCopy()
-	succeeded.Status.Phase = corev1.PodSucceeded
-	elsewhere := bound.DeepCopy()
-	elsewhere.Spec.NodeName = "n2"
-	malformed := bound.DeepCopy()
-	malformed.Annotations[vgpu.AnnotationPodAllocation] = "{"
-	noAlloc := bound.DeepCopy()
-	delete(noAlloc.Annotations, vgpu.AnnotationPodAllocation)
-	slice := vgpu.GPUUsage{MemoryMiB: 1000, CoresPercent: 10, Slices: 1}
-
-	tests := []struct {
-		name          string
-		reserved      bool // start with Bind's reservation of alloc
-		events        []*corev1.Pod
-		want          vgpu.GPUUsage
-		wantErr       bool
-		stillReserved bool // a reservation is still counted at the end
-	}{
-		{name: "bound pod counts", events: []*corev1.Pod{bound}, want: slice},
-		{name: "bound twice counts once", events: []*corev1.Pod{bound, bound}, want: slice},
-		{name: "unbound pod with allocation does not count", events: []*corev1.Pod{annotated}},
-		{name: "unbound pod without allocation", events: []*corev1.Pod{unbound}},
-		{name: "terminal pod stops counting", events: []*corev1.Pod{bound, succeeded}},
-		{name: "malformed allocation", events: []*corev1.Pod{malformed}, wantErr: true},
-		{name: "allocation for another node", events: []*corev1.Pod{elsewhere}, wantErr: true},
-		{name: "allocation removed", events: []*corev1.Pod{bound, noAlloc}},
-		{name: "reservation kept while unbound", reserved: true, events: []*corev1.Pod{unbound, annotated}, want: slice, stillReserved: true},
-		{name: "reservation confirmed by binding", reserved: true, events: []*corev1.Pod{annotated, bound}, want: slice},
-		{name: "reservation replaced by another binder", reserved: true, events: []*corev1.Pod{noAlloc}},
-		{name: "reservation dropped when terminal", reserved: true, events: []*corev1.Pod{succeeded}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			st := testState()
-			if tt.reserved {
-				st.mu.Lock()
-				st.addLocked(&podEntry{uid: unbound.UID, node: "n1", raw: raw, alloc: alloc, req: base.PodRequest(), reserved: true})
-				st.mu.Unlock()
-			}
-			var err error
-			for _, p := range tt.events {
-				if e := st.upsertPod(p); e != nil {
-					err = e
-				}
-			}
-			if (err != nil) != tt.wantErr {
-				t.Errorf("error %v, want error %t", err, tt.wantErr)
-			}
-			if diff := cmp.Diff(tt.want, st.usageOf("n1").GPU("n1-GPU-0")); diff != "" {
-				t.Errorf("usage (-want +got):\n%s", diff)
-			}
-			if got := st.reservations() == 1; got != tt.stillReserved {
-				t.Errorf("reservation left %t, want %t", got, tt.stillReserved)
-			}
-			st.deletePod(unbound.UID)
-			if u := st.usageOf("n1").GPU("n1-GPU-0"); u != (vgpu.GPUUsage{}) {
-				t.Errorf("usage after delete: %+v", u)
-			}
-		})
-	}
-}
-
-// TestRelease checks that releasing a reservation undoes it once, and never
-// undoes a confirmed one.
-func TestRelease(t *testing.T) {
-	alloc := vgputest.Allocation("n1").Container("main").Slice("n1-GPU-0", 1000, 0).Obj()
-	raw, _ := vgpu.EncodePodAllocation(alloc)
-	st := testState()
-	e := &podEntry{uid: "u", node: "n1", raw: raw, alloc: alloc, reserved: true}
-	st.mu.Lock()
-	st.addLocked(e)
-	st.mu.Unlock()
-	if !st.release(e) || st.release(e) {
-		t.Error("release: want true once, then false")
-	}
-	confirmed := &podEntry{uid: "uid-p", node: "n1", raw: raw, alloc: alloc, reserved: true}
-	st.mu.Lock()
-	st.addLocked(confirmed)
-	st.mu.Unlock()
-	if err := st.upsertPod(boundPod(vgputest.Pod("p").Container("main").GPU(1).MemoryMiB(1000), alloc)); err != nil {
-		t.Fatal(err)
-	}
-	if st.release(confirmed) {
-		t.Error("released a reservation the informer had confirmed")
-	}
-	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 1000 {
-		t.Errorf("usage %d MiB, want 1000", got)
-	}
-}
 
 // TestRestart checks that a Scheduler started afresh counts exactly what
 // the pods' annotations say, after binds, a deletion and a pod that ended.
@@ -179,7 +79,7 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 		return obj
 	}
 	h.OnAdd(add(counted), false)
-	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 2000 {
+	if got := st.Usage("n1").GPU("n1-GPU-0").MemoryMiB; got != 2000 {
 		t.Fatalf("counted pod: %d MiB used, want 2000", got)
 	}
 	meta := add(bare)
@@ -187,12 +87,12 @@ func TestPodHandlersMetadataOnly(t *testing.T) {
 		t.Fatalf("trimmed bare pod is a %T, want metadata only", meta)
 	}
 	h.OnUpdate(add(counted), meta)
-	if got := st.usageOf("n1").GPU("n1-GPU-0").MemoryMiB; got != 0 {
+	if got := st.Usage("n1").GPU("n1-GPU-0").MemoryMiB; got != 0 {
 		t.Errorf("after the update to metadata only: %d MiB used, want 0", got)
 	}
 	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: meta})
-	if len(st.pods) != 0 || len(st.hosts) != 0 {
-		t.Errorf("after the tombstone: %d pods and %d host entries counted, want none", len(st.pods), len(st.hosts))
+	if pods, hosts := st.Counted(); pods != 0 || hosts != 0 {
+		t.Errorf("after the tombstone: %d pods and %d host entries counted, want none", pods, hosts)
 	}
 }
 
@@ -220,12 +120,12 @@ func TestPodHandlersRecreatedUnderSameName(t *testing.T) {
 
 	h.OnAdd(add(old), false)
 	h.OnUpdate(add(old), add(recreated))
-	if diff := cmp.Diff(vgpu.GPUUsage{MemoryMiB: 1000, Slices: 1}, st.usageOf("n1").GPU("n1-GPU-0")); diff != "" {
+	if diff := cmp.Diff(vgpu.GPUUsage{MemoryMiB: 1000, Slices: 1}, st.Usage("n1").GPU("n1-GPU-0")); diff != "" {
 		t.Errorf("usage after the old pod was replaced by the new one (-want +got):\n%s", diff)
 	}
 	h.OnDelete(add(recreated))
-	if len(st.pods) != 0 {
-		t.Errorf("after the new pod's delete: %d pods counted, want none", len(st.pods))
+	if pods, _ := st.Counted(); pods != 0 {
+		t.Errorf("after the new pod's delete: %d pods counted, want none", pods)
 	}
 }
 
@@ -248,9 +148,9 @@ func TestTrim(t *testing.T) {
 		t.Fatalf("trimmed GPU pod is a %T, want a *gpuPod", obj)
 	}
 	trimmed := kept.pod()
-	want, _ := demandOf(pod)
-	got, _ := demandOf(trimmed)
-	if diff := cmp.Diff(want.pod, got.pod); diff != "" || want.uid != got.uid {
+	want, _ := cluster.DemandOf(pod)
+	got, _ := cluster.DemandOf(trimmed)
+	if diff := cmp.Diff(want.Pod, got.Pod); diff != "" || want.UID != got.UID {
 		t.Errorf("demand (-full +trimmed):\n%s", diff)
 	}
 	if trimmed.UID != pod.UID || trimmed.Spec.NodeName != "n1" || trimmed.Status.Phase != corev1.PodRunning ||
@@ -319,20 +219,21 @@ func TestTrim(t *testing.T) {
 		t.Fatal(err)
 	}
 	full, small := testState(), testState()
-	full.upsertNode(node)
-	small.upsertNodeMeta(obj.(*nodeMeta))
-	f, sm := full.nodes["n1"], small.nodes["n1"]
-	if diff := cmp.Diff(f.inventory, sm.inventory); diff != "" {
+	full.UpsertNode(node)
+	small.UpsertNodeMeta(obj.(*cluster.NodeMeta))
+	f, _ := full.Node("n1")
+	sm, _ := small.Node("n1")
+	if diff := cmp.Diff(f.Inventory, sm.Inventory); diff != "" {
 		t.Errorf("inventory (-full +trimmed):\n%s", diff)
 	}
-	if f.known != sm.known || f.inventoryHash != sm.inventoryHash || !sm.hasInventory || f.inventoryErr != nil || sm.inventoryErr != nil ||
-		!f.readiness.Ready() || !sm.readiness.Ready() || !cmp.Equal(f.hostAllocatable, sm.hostAllocatable) || sm.hostAllocatable == nil ||
-		!cmp.Equal(f.registered, sm.registered) || sm.registered == nil || f.kubeletReady != sm.kubeletReady || !sm.kubeletReady {
+	if f.Known != sm.Known || f.InventoryHash != sm.InventoryHash || !sm.HasInventory || f.InventoryErr != nil || sm.InventoryErr != nil ||
+		!f.Readiness.Ready() || !sm.Readiness.Ready() || !cmp.Equal(f.HostAllocatable, sm.HostAllocatable) || sm.HostAllocatable == nil ||
+		!cmp.Equal(f.Registered, sm.Registered) || sm.Registered == nil || f.KubeletReady != sm.KubeletReady || !sm.KubeletReady {
 		t.Errorf("node state: full %+v, trimmed %+v; want both known, ready and equal", f, sm)
 	}
 	// The Node cache keeps the parse, not the annotation, and of the
 	// registration condition its status and reason only.
-	trimmedNode := obj.(*nodeMeta)
+	trimmedNode := obj.(*cluster.NodeMeta)
 	if trimmedNode.Registered == nil || trimmedNode.Registered.Message != "" || !trimmedNode.KubeletReady ||
 		trimmedNode.ReadyLabel != "true" || !trimmedNode.HasInventory || trimmedNode.InventoryErr != nil || len(trimmedNode.Inventory.GPUs) == 0 {
 		t.Errorf("trimmed node: %+v", trimmedNode)
@@ -355,28 +256,13 @@ func TestTrim(t *testing.T) {
 	}
 }
 
-// TestUpsertLeaseIgnoresOtherLeases checks that only heartbeat Leases are
-// kept: the kubelets' node Leases share the default namespace.
-func TestUpsertLeaseIgnoresOtherLeases(t *testing.T) {
-	st := testState()
-	kubelet := vgputest.HeartbeatLease("n1", now).Obj()
-	kubelet.Name = "n1"
-	st.upsertLease(kubelet)
-	st.upsertLease(vgputest.HeartbeatLease("n2", now).Obj())
-	st.deleteLease("n2")
-	want := []string{vgpu.HeartbeatLeaseName("n2")}
-	var got []string
-	for name := range st.leases {
-		got = append(got, name)
-	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("leases kept (-want +got):\n%s", diff)
-	}
-}
-
-// testState is an empty state as New makes it, on the fixed test time.
-func testState() *clusterState {
-	return newClusterState(vgpu.ResourceGPU, func() time.Time { return now }, DefaultHeartbeatMaxAge, vgpu.DefaultWorkload())
+// testState is an empty state as the Scheduler makes it, on the fixed
+// test time.
+func testState() *cluster.State {
+	return cluster.New(cluster.Options{
+		ResourceName: vgpu.ResourceGPU, Now: func() time.Time { return now }, HeartbeatMaxAge: DefaultHeartbeatMaxAge,
+		HeartbeatNamespace: "gpuslice-system", Workload: vgpu.DefaultWorkload(),
+	})
 }
 
 // TestHostFree checks the CPU and memory the summaries are given: the
@@ -397,12 +283,8 @@ func TestHostFree(t *testing.T) {
 	node := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).Obj()).Obj()
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("32Gi")
-	st.upsertNodeMeta(obj(node).(*nodeMeta))
-	free := func() *vgpu.HostResources {
-		st.mu.RLock()
-		defer st.mu.RUnlock()
-		return st.nodes["n1"].hostFreeLocked()
-	}
+	st.UpsertNodeMeta(obj(node).(*cluster.NodeMeta))
+	free := func() *vgpu.HostResources { return st.HostFree("n1") }
 	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Limit(corev1.ResourceMemory, "4Gi").Obj()
 	pending := plain.DeepCopy()
 	h.OnAdd(obj(pending), false)
@@ -440,19 +322,20 @@ func TestHostFree(t *testing.T) {
 // another node.
 func TestNodeInventoryParsedOnce(t *testing.T) {
 	st := testState()
-	trim := trimmer(vgpu.ResourceGPU, st.parsedInventory)
-	meta := func(n *corev1.Node) *nodeMeta {
+	trim := trimmer(vgpu.ResourceGPU, st.ParsedInventory)
+	meta := func(n *corev1.Node) *cluster.NodeMeta {
 		t.Helper()
 		out, err := trim(n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return out.(*nodeMeta)
+		return out.(*cluster.NodeMeta)
 	}
 	node := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).GPU("n1-GPU-1", 16384).Obj()).Obj()
 	first := meta(node)
-	st.upsertNodeMeta(first)
-	gen := st.nodes["n1"].gen
+	st.UpsertNodeMeta(first)
+	n1, _ := st.Node("n1")
+	gen := n1.Gen
 
 	// A status update that leaves the annotation alone: the same parse,
 	// and no new summary.
@@ -462,24 +345,24 @@ func TestNodeInventoryParsedOnce(t *testing.T) {
 	if &second.Inventory.GPUs[0] != &first.Inventory.GPUs[0] {
 		t.Error("the inventory was parsed again though its annotation did not change")
 	}
-	st.upsertNodeMeta(second)
-	if n := st.nodes["n1"]; n.gen != gen || len(n.inventory.GPUs) != 2 {
-		t.Errorf("unchanged inventory: generation %d (was %d), %d GPUs", n.gen, gen, len(n.inventory.GPUs))
+	st.UpsertNodeMeta(second)
+	if n, _ := st.Node("n1"); n.Gen != gen || len(n.Inventory.GPUs) != 2 {
+		t.Errorf("unchanged inventory: generation %d (was %d), %d GPUs", n.Gen, gen, len(n.Inventory.GPUs))
 	}
 
 	// A new inventory is parsed and counted.
 	grown := vgputest.PublishedNode(vgputest.Node("n1").GPU("n1-GPU-0", 16384).GPU("n1-GPU-1", 16384).GPU("n1-GPU-2", 16384).Obj()).Obj()
-	st.upsertNodeMeta(meta(grown))
-	if n := st.nodes["n1"]; len(n.inventory.GPUs) != 3 || n.gen == gen || !n.readiness.Ready() {
-		t.Errorf("changed inventory: %d GPUs, generation %d (was %d), readiness %+v", len(n.inventory.GPUs), n.gen, gen, n.readiness)
+	st.UpsertNodeMeta(meta(grown))
+	if n, _ := st.Node("n1"); len(n.Inventory.GPUs) != 3 || n.Gen == gen || !n.Readiness.Ready() {
+		t.Errorf("changed inventory: %d GPUs, generation %d (was %d), readiness %+v", len(n.Inventory.GPUs), n.Gen, gen, n.Readiness)
 	}
 
 	// An inventory that names another node turns the node away.
 	other := vgputest.PublishedNode(vgputest.Node("n2").GPU("n2-GPU-0", 16384).Obj()).Obj()
 	wrong := grown.DeepCopy()
 	wrong.Annotations[vgpu.AnnotationNodeInventory] = other.Annotations[vgpu.AnnotationNodeInventory]
-	st.upsertNodeMeta(meta(wrong))
-	if n := st.nodes["n1"]; n.readiness.Reason != vgpu.ReasonMalformedInventory {
-		t.Errorf("inventory of n2 on n1: readiness %+v, want %s", n.readiness, vgpu.ReasonMalformedInventory)
+	st.UpsertNodeMeta(meta(wrong))
+	if n, _ := st.Node("n1"); n.Readiness.Reason != vgpu.ReasonMalformedInventory {
+		t.Errorf("inventory of n2 on n1: readiness %+v, want %s", n.Readiness, vgpu.ReasonMalformedInventory)
 	}
 }

@@ -78,9 +78,9 @@ func feed(t *testing.T, s *Scheduler, obj runtime.Object) {
 	t.Helper()
 	switch o := obj.(type) {
 	case *corev1.Node:
-		s.state.upsertNode(o)
+		s.state.UpsertNode(o)
 	case *coordinationv1.Lease:
-		s.state.upsertLease(o)
+		s.state.UpsertLease(o)
 	default:
 		t.Fatalf("feed: %T", obj)
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -30,10 +31,6 @@ const (
 	// counted so far), so that the first pods of a cluster do not leave it
 	// measured against a handful.
 	workloadRefreshPods = 100
-	// refreshChunk is how many node summaries a new snapshot rebuilds per
-	// hold of the state's write lock, so Filter waits for a chunk, not for
-	// every node.
-	refreshChunk = 256
 	// workloadFlush is the longest a counted pod waits for a snapshot.
 	workloadFlush = time.Second
 )
@@ -120,52 +117,8 @@ func (s *Scheduler) workloadLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 		if w := t.snapshot(); w != nil {
-			s.state.setWorkload(w)
+			s.state.SetWorkload(w)
 		}
-	}
-}
-
-// setWorkload makes w, which no one else writes, what Fit measures
-// fragmentation against, with the cluster's healthy GPUs by model as its
-// supply, and rebuilds the node summaries for it a chunk at a time. Until
-// a node's summary is rebuilt, Fit measures that node afresh against w
-// (judgeLocked), with the same result.
-func (st *clusterState) setWorkload(w *vgpu.Workload) {
-	st.mu.RLock()
-	supply := map[string]int{}
-	for _, n := range st.byIndex {
-		if !n.known {
-			continue
-		}
-		for _, g := range n.inventory.GPUs {
-			if g.Health == vgpu.Healthy {
-				supply[g.Model]++
-			}
-		}
-	}
-	st.mu.RUnlock()
-	if st.extraSupply != nil {
-		for model, n := range st.extraSupply() {
-			supply[model] += n
-		}
-	}
-	w.SetSupply(supply)
-	st.mu.Lock()
-	st.workload = w
-	nodes := len(st.byIndex)
-	st.mu.Unlock()
-	for start := 0; start < nodes; start += refreshChunk {
-		st.mu.Lock()
-		if st.workload != w {
-			st.mu.Unlock()
-			return // a newer snapshot rebuilds them
-		}
-		for _, n := range st.byIndex[start:min(start+refreshChunk, len(st.byIndex))] {
-			if n.summaryWorkload != w {
-				st.refreshLocked(n)
-			}
-		}
-		st.mu.Unlock()
 	}
 }
 
@@ -183,7 +136,7 @@ func (s *Scheduler) podArrived(obj any) {
 		}
 		pod.Host = o.Host
 	case *gpuPod:
-		if terminal(o.Phase) || len(o.ResourceClaims) > 0 && s.dra != nil {
+		if cluster.Terminal(o.Phase) || len(o.ResourceClaims) > 0 && s.dra != nil {
 			return
 		}
 		d, err := vgpu.DemandOf(o.pod())

@@ -11,6 +11,8 @@ import (
 
 	"github.com/gpuslice/gpuslice/vgpu"
 	"github.com/gpuslice/gpuslice/vgpu/vgputest"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // TestOnlineWorkload checks that the extender measures fragmentation
@@ -39,11 +41,11 @@ func TestOnlineWorkload(t *testing.T) {
 	want := &vgpu.Workload{}
 	want.SetHalfLife(DefaultWorkloadHalfLife)
 	for _, p := range pods {
-		d, err := demandOf(p)
+		d, err := cluster.DemandOf(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want.Add(d.pod)
+		want.Add(d.Pod)
 	}
 	want.SetSupply(map[string]int{invA.GPUs[0].Model: 4})
 	// Shares are what the workload means; weights grow with each pod.
@@ -63,13 +65,9 @@ func TestOnlineWorkload(t *testing.T) {
 	st := e.s.state
 	var got *vgpu.Workload
 	waitFor(t, "every pod counted and every summary measured against the snapshot", func() bool {
-		st.mu.RLock()
-		defer st.mu.RUnlock()
-		got = st.workload
-		for _, n := range st.byIndex {
-			if n.summaryWorkload != got {
-				return false
-			}
+		got = st.Workload()
+		if !st.MeasuredAgainst(got) {
+			return false
 		}
 		return cmp.Equal(shares(want), shares(got), approx)
 	})
@@ -94,9 +92,7 @@ func TestFixedWorkload(t *testing.T) {
 		t.Fatal("workload default: the extender counts pods")
 	}
 	want := vgpu.DefaultWorkload().Classes()
-	e.s.state.mu.RLock()
-	defer e.s.state.mu.RUnlock()
-	if diff := cmp.Diff(want, e.s.state.workload.Classes()); diff != "" {
+	if diff := cmp.Diff(want, e.s.state.Workload().Classes()); diff != "" {
 		t.Errorf("workload mismatch (-want +got):\n%s", diff)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpuslice/gpuslice/extender/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
@@ -22,9 +23,12 @@ const ReasonInvalidRequest vgpu.Reason = "InvalidRequest"
 type NodeVerdict struct {
 	Node string `json:"node"`
 	Fits bool   `json:"fits"`
-	// Reason and Message say why not; empty when it fits.
+	// Reason and Message say why not, as the extender's Filter says it
+	// to kube-scheduler; empty when it fits. Detail, when set, says it
+	// naming the node's GPUs (Bind's message).
 	Reason  vgpu.Reason `json:"reason,omitempty"`
 	Message string      `json:"message,omitempty"`
+	Detail  string      `json:"detail,omitempty"`
 	// GPUs are the UUIDs the pod would get when it fits.
 	GPUs []string `json:"gpus,omitempty"`
 }
@@ -46,12 +50,14 @@ type WhyReport struct {
 	Closest string `json:"closest,omitempty"`
 }
 
-// Why judges pod on every node of s as the scheduler extender does: the
-// extender's readiness checks (inventory, ready label, allocatable,
-// heartbeat Lease no older than the extender's heartbeatMaxAge) and then
-// vgpu.Fit with the extender's policies, with what the pods placed on the
-// node hold. The extender's settings come from the chart's scheduler
-// ConfigMap when s has one, else its defaults.
+// Why judges pod on every node of s through the scheduler extender's own
+// judge (extender/cluster): a State fed the snapshot's Nodes, heartbeat
+// Leases and pods, as the extender's informers feed it, judging with the
+// extender's policies and heartbeat age, so each node's reason and message
+// are those the extender's Filter gives kube-scheduler. Detail is the
+// message a fit on the node's GPUs gives (naming them), where it says
+// more. The extender's settings come from the chart's scheduler ConfigMap
+// when s has one, else its defaults.
 func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 	r := WhyReport{Pod: pod.Namespace + "/" + pod.Name, Nodes: []NodeVerdict{}}
 	if c := podScheduled(pod); c != nil {
@@ -61,9 +67,10 @@ func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 		r.BoundTo = pod.Spec.NodeName
 		return r
 	}
-	opts, maxAge := s.extenderSettings()
-	d, derr := vgpu.DemandOf(pod)
-	placed := s.placed()
+	st := s.judge()
+	demand, derr := cluster.DemandOf(pod)
+	placement := demand
+	placement.ForBind = true
 	type near struct {
 		stage int
 		free  int64
@@ -72,30 +79,35 @@ func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
 		v := NodeVerdict{Node: n.Name}
-		inv, invErr := inventoryOf(n)
 		switch {
-		case s.unready(n, invErr, maxAge, &v):
+		case derr != nil && unready(st, n.Name, &v):
 		case derr != nil:
-			v.Reason, v.Message = ReasonInvalidRequest, derr.Error()
+			// The pod's request as vgpu says it, without the pod's name.
+			v.Reason, v.Message = ReasonInvalidRequest, errors.Unwrap(derr).Error()
 		default:
-			usage := usageOf(placed[n.Name], r.Pod)
-			p, err := vgpu.Fit(d, vgpu.NodeState{Inventory: inv, Usage: usage}, opts)
-			var fe *vgpu.FitError
+			verdict := st.Judge(n.Name, &demand)
+			v.Fits = verdict.Fits
+			if !v.Fits {
+				v.Reason, v.Message = verdict.Reason, verdict.NeedMessage(&demand)
+			}
+			// The placement, or the message naming the node's GPUs,
+			// as Bind's fit finds them.
+			p := st.Judge(n.Name, &placement)
 			switch {
-			case err == nil:
-				v.Fits = true
+			case v.Fits && p.Allocation != nil:
 				for _, c := range p.Allocation.Containers {
 					for _, g := range c.GPUs {
 						v.GPUs = append(v.GPUs, g.UUID)
 					}
 				}
-			case errors.As(err, &fe):
-				v.Reason, v.Message = fe.Reason, fe.Message
-				if nr := (near{stage: fitStage(fe.Reason), free: largestFree(inv, usage)}); nr.stage > best.stage || nr.stage == best.stage && nr.free > best.free {
+			case !v.Fits && p.Message != v.Message:
+				v.Detail = p.Message
+			}
+			if stage := fitStage(v.Reason); !v.Fits && stage >= 0 {
+				view, _ := st.Node(n.Name)
+				if nr := (near{stage: stage, free: largestFree(view.Inventory, st.Usage(n.Name))}); nr.stage > best.stage || nr.stage == best.stage && nr.free > best.free {
 					best, bestNode = nr, n.Name
 				}
-			default:
-				v.Message = err.Error()
 			}
 		}
 		r.Nodes = append(r.Nodes, v)
@@ -106,32 +118,37 @@ func Why(s *Snapshot, pod *corev1.Pod) WhyReport {
 	return r
 }
 
-// unready fills v and returns true when the extender would turn node n
-// away before Fit: vgpu.PluginReadiness of the Node and its heartbeat
-// Lease, as the extender judges them.
-func (s *Snapshot) unready(n *corev1.Node, invErr error, maxAge time.Duration, v *NodeVerdict) bool {
-	label, hasLabel := n.Labels[vgpu.LabelGPUReady]
-	allocQ := n.Status.Allocatable[vgpu.ResourceGPU]
-	node := vgpu.NodeReadiness(invErr, label, hasLabel, allocQ.Value(), vgpu.ResourceGPU)
-	r := vgpu.PluginReadiness(node, s.heartbeat(n.Name), s.Now, maxAge, s.HeartbeatNamespace)
+// unready fills v and returns true when the extender would turn node
+// away whatever the pod asks: its plugin does not serve it.
+func unready(st *cluster.State, node string, v *NodeVerdict) bool {
+	r := st.Readiness(node)
 	v.Reason, v.Message = r.Reason, r.Message
 	return !r.Ready()
 }
 
-// heartbeat is node's heartbeat Lease as vgpu.HeartbeatReadiness reads it.
-func (s *Snapshot) heartbeat(node string) vgpu.Heartbeat {
-	l, ok := s.Leases[node]
-	if !ok {
-		return vgpu.Heartbeat{}
+// judge is a cluster.State fed s, as the extender's informers feed its
+// own: every Node, heartbeat Lease and pod, with the extender's settings.
+func (s *Snapshot) judge() *cluster.State {
+	fit, maxAge := s.extenderSettings()
+	now := s.Now
+	st := cluster.New(cluster.Options{
+		ResourceName: vgpu.ResourceGPU, Now: func() time.Time { return now },
+		HeartbeatMaxAge: maxAge, HeartbeatNamespace: s.HeartbeatNamespace,
+		Fit: fit, Workload: vgpu.DefaultWorkload(),
+	})
+	for i := range s.Nodes {
+		st.UpsertNode(&s.Nodes[i])
 	}
-	h := vgpu.Heartbeat{Exists: true}
-	if l.Spec.RenewTime != nil {
-		h.RenewTime = l.Spec.RenewTime.Time
+	// The snapshot keys each heartbeat Lease by the node it stands for.
+	for node, l := range s.Leases {
+		l.Name = vgpu.HeartbeatLeaseName(node)
+		st.UpsertLease(&l)
 	}
-	if h.Raw = l.Annotations[vgpu.AnnotationPluginHeartbeat]; h.Raw != "" {
-		h.Parsed, h.Err = vgpu.ParsePluginHeartbeat(h.Raw)
+	for i := range s.Pods {
+		_ = st.UpsertPod(&s.Pods[i]) // an invalid allocation counts nowhere, as in the extender
 	}
-	return h
+	st.Synced()
+	return st
 }
 
 // extenderSettings returns the Fit options and heartbeat age of the
@@ -191,7 +208,7 @@ func RenderWhy(w io.Writer, r WhyReport) error {
 			fmt.Fprintf(tw, "%s\tfits\t-\tGPUs %s\n", v.Node, strings.Join(v.GPUs, ","))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\trejected\t%s\t%s\n", v.Node, v.Reason, v.Message)
+		fmt.Fprintf(tw, "%s\trejected\t%s\t%s\n", v.Node, v.Reason, v.detail())
 	}
 	if len(r.Nodes) == 0 {
 		fmt.Fprintln(tw, "(no nodes)")
@@ -206,10 +223,18 @@ func RenderWhy(w io.Writer, r WhyReport) error {
 	case r.Closest != "":
 		for _, v := range r.Nodes {
 			if v.Node == r.Closest {
-				_, err := fmt.Fprintf(w, "\nclosest fit: %s (%s: %s)\n", v.Node, v.Reason, v.Message)
+				_, err := fmt.Fprintf(w, "\nclosest fit: %s (%s: %s)\n", v.Node, v.Reason, v.detail())
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// detail is v's Detail, else its Message.
+func (v *NodeVerdict) detail() string {
+	if v.Detail != "" {
+		return v.Detail
+	}
+	return v.Message
 }

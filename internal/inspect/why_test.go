@@ -44,7 +44,7 @@ func TestWhyReasons(t *testing.T) {
 		}, vgpu.ReasonNoHeartbeat, "plugin not ready: heartbeat Lease has no renewTime"},
 		"stale":          {func(s *Snapshot) { s.Now = s.Now.Add(2 * time.Minute) }, vgpu.ReasonStaleHeartbeat, "plugin not ready: heartbeat Lease not renewed for more than 1m0s"},
 		"not registered": {func(s *Snapshot) { s.Leases["gpu-a"] = s.Leases["gpu-c"] }, vgpu.ReasonNotRegistered, "plugin not ready: heartbeat says the device plugin is not registered with the kubelet"},
-		"too big":        {func(*Snapshot) {}, vgpu.ReasonInsufficientMemory, "insufficient memory: needs 100000 MiB, largest free 81920 MiB on GPU-a1"},
+		"too big":        {func(*Snapshot) {}, vgpu.ReasonInsufficientMemory, "insufficient memory: needs 100000 MiB on 1 GPU"},
 		"invalid request": {func(s *Snapshot) {
 			s.Pods[0].Annotations = map[string]string{vgpu.AnnotationNodePolicy: "tetris"}
 		}, ReasonInvalidRequest, ""},
@@ -57,6 +57,9 @@ func TestWhyReasons(t *testing.T) {
 			v := verdictOn(t, Why(s, &s.Pods[0]), "gpu-a")
 			if v.Fits || v.Reason != tt.reason || (tt.message != "" && v.Message != tt.message) {
 				t.Errorf("verdict %+v, want reason %s, message %q", v, tt.reason, tt.message)
+			}
+			if name == "too big" && v.Detail != "insufficient memory: needs 100000 MiB, largest free 81920 MiB on GPU-a1" {
+				t.Errorf("detail %q, want the message naming the largest free GPU", v.Detail)
 			}
 		})
 	}

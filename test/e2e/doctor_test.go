@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/vgpu"
@@ -199,6 +201,17 @@ func TestDoctorFindsEachBreak(t *testing.T) {
 	if why.Closest != "node-ok" {
 		t.Errorf("why closest = %q, want node-ok", why.Closest)
 	}
+	// why judges through the extender's own code: asked about the pending pod, the extender's
+	// /filter gives every node the reason and the words why gives it.
+	reasons := extenderReasons(ctx, t, c, big.Name)
+	if len(reasons) != len(why.Nodes) {
+		t.Errorf("the extender judged %d nodes, why %d: %v", len(reasons), len(why.Nodes), reasons)
+	}
+	for _, v := range why.Nodes {
+		if got, ok := reasons[v.Node]; !ok || got != v.Message {
+			t.Errorf("node %s: extender says %q, why says %q", v.Node, got, v.Message)
+		}
+	}
 	text, _ := cli(t, c, "why", "too-big")
 	if !strings.Contains(text, "closest fit: node-ok (InsufficientMemory") {
 		t.Errorf("why's table lacks the closest fit:\n%s", text)
@@ -292,4 +305,52 @@ func staleLease(ctx context.Context, t *testing.T, c *cluster.Cluster, node stri
 	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// extenderReasons asks the extender's /filter, as kube-scheduler does (nodeCacheCapable: node
+// names), about pod default/name on every Node of the cluster, and returns the message it turns
+// each node away with.
+func extenderReasons(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) map[string]string {
+	t.Helper()
+	pod, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := c.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(nodes.Items))
+	for _, n := range nodes.Items {
+		names = append(names, n.Name)
+	}
+	body, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.ExtenderURL()+"/filter", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST /filter: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var result extenderv1.ExtenderFilterResult
+	if err := json.NewDecoder(resp.Body).Decode(&result); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /filter: HTTP %d, %v", resp.StatusCode, err)
+	}
+	if result.Error != "" || result.NodeNames != nil && len(*result.NodeNames) > 0 {
+		t.Fatalf("extender's filter of %s: %+v, want every node turned away", name, result)
+	}
+	out := map[string]string{}
+	for n, msg := range result.FailedNodes {
+		out[n] = msg
+	}
+	for n, msg := range result.FailedAndUnresolvableNodes {
+		out[n] = msg
+	}
+	return out
 }

@@ -1,68 +1,11 @@
-package extender
+package cluster
 
 import (
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
-
-// podMeta is what the pod cache keeps of a pod that asks for no hami.io
-// resource and carries no annotation the extender reads — most pods of a cluster: its
-// identity, and what it takes of its node's CPU and memory, which the
-// fragmentation policy weighs (a GPU whose node has no CPU left for the
-// tasks that could use it is as good as taken). It is a runtime.Object only
-// to live in the informer's store, and keeps its identity in plain fields
-// rather than a metav1.ObjectMeta, which would triple its size: the store
-// reads the identity through GetObjectMeta (meta.Accessor).
-type podMeta struct {
-	Name, Namespace string
-	UID             types.UID
-	ResourceVersion string
-	// NodeName is the node the pod is bound to ("" while pending);
-	// Terminal is true once it Succeeded or Failed.
-	NodeName string
-	Terminal bool
-	// Host is vgpu.HostRequestOf the pod.
-	Host vgpu.HostResources
-	// Claims is true when the pod names resource claims (spec.resourceClaims).
-	Claims bool
-}
-
-// GetObjectKind is that of an object without type information.
-func (p *podMeta) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
-
-// DeepCopyObject copies p.
-func (p *podMeta) DeepCopyObject() runtime.Object {
-	c := *p
-	return &c
-}
-
-// GetObjectMeta returns p's identity as an ObjectMeta, built on each call.
-func (p *podMeta) GetObjectMeta() metav1.Object { return p.objectMeta() }
-
-func (p *podMeta) objectMeta() *metav1.ObjectMeta {
-	return &metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion}
-}
-
-// metaOf is the trimmer's podMeta of pod.
-func metaOf(pod *corev1.Pod) *podMeta {
-	return &podMeta{
-		Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-		NodeName: pod.Spec.NodeName,
-		Terminal: terminal(pod.Status.Phase),
-		Host:     vgpu.HostRequestOf(pod),
-		Claims:   len(pod.Spec.ResourceClaims) > 0,
-	}
-}
-
-// terminal reports whether a pod in phase holds nothing on its node any more.
-func terminal(phase corev1.PodPhase) bool {
-	return phase == corev1.PodSucceeded || phase == corev1.PodFailed
-}
 
 // hostEntry is one pod's share of its node's CPU and memory.
 type hostEntry struct {
@@ -74,7 +17,7 @@ type hostEntry struct {
 // it is bound there and not terminal (node "" or terminal: nothing). A
 // change refreshes the nodes concerned; most pod events change nothing and
 // take only the read lock.
-func (st *clusterState) upsertHost(uid types.UID, node string, isTerminal bool, req vgpu.HostResources) {
+func (st *State) upsertHost(uid types.UID, node string, isTerminal bool, req vgpu.HostResources) {
 	want := hostEntry{node: node, req: req}
 	counts := node != "" && !isTerminal && req != (vgpu.HostResources{})
 	st.mu.RLock()
@@ -90,16 +33,16 @@ func (st *clusterState) upsertHost(uid types.UID, node string, isTerminal bool, 
 
 // setHostLocked replaces uid's host entry by want (none when !counts).
 // Callers hold the write lock.
-func (st *clusterState) setHostLocked(uid types.UID, want hostEntry, counts bool) {
+func (st *State) setHostLocked(uid types.UID, want hostEntry, counts bool) {
 	if n := st.replaceHostLocked(uid, want, counts); n != nil {
 		st.refreshLocked(n)
 	}
 }
 
-// reserveHost counts req on node for pod uid, which Bind is binding there,
+// ReserveHost counts req on node for pod uid, which Bind is binding there,
 // unless the pod is counted already, and returns what undoes it: the
 // entry is removed unless the informer replaced it meanwhile.
-func (st *clusterState) reserveHost(uid types.UID, node string, req vgpu.HostResources) (undo func()) {
+func (st *State) ReserveHost(uid types.UID, node string, req vgpu.HostResources) (undo func()) {
 	want := hostEntry{node: node, req: req}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -120,7 +63,7 @@ func (st *clusterState) reserveHost(uid types.UID, node string, req vgpu.HostRes
 // the node whose summary the change left stale (nil: none), for a caller
 // that changes more of that node before refreshing it once. Callers hold
 // the write lock.
-func (st *clusterState) replaceHostLocked(uid types.UID, want hostEntry, counts bool) *nodeState {
+func (st *State) replaceHostLocked(uid types.UID, want hostEntry, counts bool) *nodeState {
 	var stale *nodeState
 	if old, ok := st.hosts[uid]; ok {
 		if counts && old == want {
@@ -158,7 +101,7 @@ func (n *nodeState) hostFreeLocked() *vgpu.HostResources {
 // node's free CPU and memory (hostFreeLocked; nil for a node st does not
 // know): drascore.HostReader, for the DRA scoring, which calls it with its
 // own lock held. fn must not take st.mu.
-func (st *clusterState) ReadHosts(fn func(w *vgpu.Workload, hostFree func(node string) *vgpu.HostResources)) {
+func (st *State) ReadHosts(fn func(w *vgpu.Workload, hostFree func(node string) *vgpu.HostResources)) {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	fn(st.workload, func(node string) *vgpu.HostResources {

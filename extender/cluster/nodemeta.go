@@ -1,4 +1,4 @@
-package extender
+package cluster
 
 import (
 	"errors"
@@ -14,14 +14,14 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// nodeMeta is what the Node cache keeps of a Node: its identity and what
+// NodeMeta is what the Node cache keeps of a Node: its identity and what
 // upsertNodeMeta reads, with the inventory annotation already parsed. The
 // annotation itself (about 1.7 KB for 8 GPUs) is kept nowhere: a hash of
 // it tells whether the next event changed it, and while it did not, the
 // parse is the one the node's state already holds, shared rather than
 // repeated. Like podMeta it is a runtime.Object only to live in the
 // informer's store, and keeps its identity in plain fields.
-type nodeMeta struct {
+type NodeMeta struct {
 	Name            string
 	UID             types.UID
 	ResourceVersion string
@@ -48,17 +48,17 @@ type nodeMeta struct {
 }
 
 // GetObjectKind is that of an object without type information.
-func (m *nodeMeta) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (m *NodeMeta) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
 
 // DeepCopyObject copies m; the parsed inventory, never modified once
 // parsed, is shared.
-func (m *nodeMeta) DeepCopyObject() runtime.Object {
+func (m *NodeMeta) DeepCopyObject() runtime.Object {
 	c := *m
 	return &c
 }
 
 // GetObjectMeta returns m's identity as an ObjectMeta, built on each call.
-func (m *nodeMeta) GetObjectMeta() metav1.Object {
+func (m *NodeMeta) GetObjectMeta() metav1.Object {
 	return &metav1.ObjectMeta{Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
 }
 
@@ -70,15 +70,15 @@ var inventorySeed = maphash.MakeSeed()
 // versions of one node's annotation is too unlikely to matter).
 func inventoryHash(raw string) uint64 { return maphash.String(inventorySeed, raw) }
 
-// inventoryReuse returns the parse the state already holds for node name
+// InventoryReuse returns the parse the state already holds for node name
 // when its inventory annotation is the one of hash (has: the Node has the
 // annotation), and false when it holds none for it.
-type inventoryReuse func(name string, hash uint64, has bool) (vgpu.NodeInventory, error, bool)
+type InventoryReuse func(name string, hash uint64, has bool) (vgpu.NodeInventory, error, bool)
 
-// nodeMetaOf is node as the Node cache keeps it, judged for resource;
+// NodeMetaOf is node as the Node cache keeps it, judged for resource;
 // the inventory is parsed unless reuse (nil: none) holds its parse.
-func nodeMetaOf(node *corev1.Node, resource corev1.ResourceName, reuse inventoryReuse) *nodeMeta {
-	m := &nodeMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion}
+func NodeMetaOf(node *corev1.Node, resource corev1.ResourceName, reuse InventoryReuse) *NodeMeta {
+	m := &NodeMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion}
 	m.ReadyLabel, m.HasReadyLabel = node.Labels[vgpu.LabelGPUReady]
 	raw, has := node.Annotations[vgpu.AnnotationNodeInventory]
 	m.HasInventory = has
@@ -115,9 +115,9 @@ func nodeMetaOf(node *corev1.Node, resource corev1.ResourceName, reuse inventory
 	return m
 }
 
-// parsedInventory is the state's inventoryReuse: the inventory its node
+// ParsedInventory is the state's InventoryReuse: the inventory its node
 // holds, while the annotation is the one it was parsed from.
-func (st *clusterState) parsedInventory(name string, hash uint64, has bool) (vgpu.NodeInventory, error, bool) {
+func (st *State) ParsedInventory(name string, hash uint64, has bool) (vgpu.NodeInventory, error, bool) {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	n := st.nodes[name]

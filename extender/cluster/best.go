@@ -1,4 +1,4 @@
-package extender
+package cluster
 
 import (
 	"slices"
@@ -8,13 +8,13 @@ import (
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// unjudged is the value of a node that evaluateBest left unfitted because
+// unjudged is the value of a node that JudgeBest left unfitted because
 // its bound is below the best score: below every score, so Filter leaves
 // it out of its answer.
 const unjudged = -1
 
-// evaluateBest sets verdicts[i] to the verdict of names[i] for d, a pod
-// that asks for GPUs, as evaluateAll would, but for a Filter that passes
+// JudgeBest sets verdicts[i] to the verdict of names[i] for d, a pod
+// that asks for GPUs, as JudgeAll would, but for a Filter that passes
 // only the nodes of the best score: it fits a node that its screen
 // (readiness, the summary's Reject, a remembered verdict) leaves undecided
 // only while the node's vgpu.NodeFigures.ScoreBound, and then its
@@ -32,23 +32,22 @@ const unjudged = -1
 // order their states lie in memory), screens each node and fits it or
 // not. Under binpack and spread most nodes of a new pod shape are then
 // never fitted.
-func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) {
-	s.lockJudging(d)
-	defer s.unlockJudging(d)
-	now := s.clock.Now()
-	st := s.state
+func (st *State) JudgeBest(names []string, d *Demand, verdicts []Verdict) {
+	st.lockJudging(d)
+	defer st.unlockJudging(d)
+	now := st.now()
 	buf := boundPool.Get().(*boundBuffers)
 	defer boundPool.Put(buf)
 	done := buf.size(len(names))
-	opts := s.fitOptionsLocked(d)
+	opts := st.fitOptionsLocked(d)
 	var best atomic.Pointer[vgpu.NodeScore] // nil until a node fits
-	raise := func(v verdict) {
-		for v.fits {
+	raise := func(v Verdict) {
+		for v.Fits {
 			b := best.Load()
-			if b != nil && v.score.Compare(*b) <= 0 {
+			if b != nil && v.Score.Compare(*b) <= 0 {
 				return
 			}
-			score := v.score // only a better score is allocated
+			score := v.Score // only a better score is allocated
 			if best.CompareAndSwap(b, &score) {
 				return
 			}
@@ -60,20 +59,20 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	screen := func(i int) (n *nodeState, bound vgpu.NodeScore, byGPU, undecided bool) {
 		n = st.nodes[names[i]]
 		if n == nil || !n.known {
-			verdicts[i] = s.evaluateLocked(names[i], d, now)
+			verdicts[i] = st.evaluateLocked(names[i], d, now)
 			return nil, vgpu.NodeScore{}, false, false
 		}
-		v, decided := s.screenLocked(n, d, now)
+		v, decided := st.screenLocked(n, d, now)
 		switch {
 		case decided:
-			v.node = n.index
+			v.Node = n.index
 			verdicts[i] = v
 			raise(v)
 			return nil, vgpu.NodeScore{}, false, false
-		case v.bounded:
-			return n, v.score, true, true
+		case v.Bounded:
+			return n, v.Score, true, true
 		}
-		return n, n.figures.ScoreBound(d.pod, opts), false, true
+		return n, n.figures.ScoreBound(d.Pod, opts), false, true
 	}
 	// below reports whether no placement under bound can tie the best
 	// score found.
@@ -89,17 +88,17 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 		// fit's verdict.
 		out := below(bound)
 		if !out && !byGPU {
-			bound = n.summary.ScoreBoundByGPU(d.pod, opts, bound)
+			bound = n.summary.ScoreBoundByGPU(d.Pod, opts, bound)
 			if out = below(bound); out && n.summaryWorkload == st.workload {
-				n.verdicts.put(d.key, n.gen, verdict{bounded: true, score: bound})
+				n.verdicts.put(d.Key, n.gen, Verdict{Bounded: true, Score: bound})
 			}
 		}
 		if out {
-			verdicts[i] = verdict{fits: true, score: vgpu.NodeScore{Value: unjudged}, node: n.index}
+			verdicts[i] = Verdict{Fits: true, Score: vgpu.NodeScore{Value: unjudged}, Node: n.index}
 			return
 		}
-		v := s.fitLocked(n, d)
-		v.node = n.index
+		v := st.fitLocked(n, d)
+		v.Node = n.index
 		verdicts[i] = v
 		raise(v)
 	}
@@ -127,12 +126,12 @@ func (s *Scheduler) evaluateBest(names []string, d *demand, verdicts []verdict) 
 	})
 }
 
-// sampleNodes is about how many nodes evaluateBest screens first, evenly
+// sampleNodes is about how many nodes JudgeBest screens first, evenly
 // spaced among the candidates, and fits in order of their bounds, highest
 // first, for a best score to bound the others by.
 const sampleNodes = 64
 
-// lead is a node of evaluateBest's sample left undecided by the screen:
+// lead is a node of JudgeBest's sample left undecided by the screen:
 // its position in the candidates, its state and its bound (byGPU: its
 // summary's ScoreBoundByGPU).
 type lead struct {
@@ -142,7 +141,7 @@ type lead struct {
 	byGPU bool
 }
 
-// boundBuffers are evaluateBest's per-node slices, kept between calls.
+// boundBuffers are JudgeBest's per-node slices, kept between calls.
 type boundBuffers struct {
 	done  []bool
 	leads []lead

@@ -1,4 +1,4 @@
-package extender
+package cluster
 
 import (
 	"fmt"
@@ -7,18 +7,22 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// clusterState is what the informers have told the extender, kept parsed so
-// that Filter and Prioritize read it without decoding anything. All fields
-// are guarded by mu: informer handlers and reservations write under the
-// write lock; Filter, Prioritize and Bind's fit check read under the read
-// lock and never copy it.
-type clusterState struct {
-	mu sync.RWMutex
+// State is what the informers have told the extender, kept parsed so
+// that Filter and Prioritize read it without decoding anything, and the
+// judging of pods on it. All fields are guarded by mu, which no code
+// outside this package can take: informer handlers (Upsert*, Delete*) and
+// reservations (Reserve) write under the write lock; the judges (Judge,
+// JudgeAll, JudgeBest, Judging) and the views read under the read lock
+// and never copy it. Its methods are safe for concurrent use.
+type State struct {
+	mu   sync.RWMutex
+	opts Options
 	// resourceName is the extended resource whose allocatable is checked.
 	resourceName corev1.ResourceName
 	// nodes by Node name. An entry is created by the first Node or pod
@@ -33,7 +37,7 @@ type clusterState struct {
 	// known counts the nodes whose Node object exists.
 	known int
 	// pods holds every pod counted in some node's usage, by UID.
-	pods map[types.UID]*podEntry
+	pods map[types.UID]*Entry
 	// hosts holds what every bound, running pod takes of its node's CPU
 	// and memory, by UID, GPU pod or not.
 	hosts map[types.UID]hostEntry
@@ -41,24 +45,22 @@ type clusterState struct {
 	leases map[string]*leaseState
 
 	// listener hears of every change that may let a pod Filter turned
-	// away fit now, timed by now; heartbeatMaxAge tells a Lease renewed
-	// after a gap that made it stale.
-	listener        ChangeListener
-	now             func() time.Time
-	heartbeatMaxAge time.Duration
-	// extraSupply, when set, adds GPUs by model that no Node inventory
-	// lists (the DRA nodes') to the workload's supply; it must not take mu.
-	extraSupply func() map[string]int
+	// away fit now, timed by now.
+	listener ChangeListener
+	now      func() time.Time
+	// bindLocks are the per-node locks of Reserve.
+	bindLocks keyedMutex
 	// workload is what Fit measures fragmentation against, and node
-	// summaries are measured against it; setWorkload replaces it with a
+	// summaries are measured against it; SetWorkload replaces it with a
 	// new snapshot of the online workload. Never modified.
 	workload *vgpu.Workload
 }
 
 // ChangeListener hears of the state's changes that may let a pod Filter
-// turned away fit now (retry.Tracker is the Scheduler's). Nodes are named
-// by nodeState.index; at is when the state saw the change.
-// Called under the state's write lock or without it; must not call back into the state.
+// turned away fit now (retry.Tracker is the extender's). Nodes are named
+// by their index (Verdict.Node); at is when the state saw the change.
+// Called under the state's write lock or without it; must not call back
+// into the state.
 type ChangeListener interface {
 	// NodeReady: the node's plugin became ready (label, allocatable,
 	// heartbeat back, registered again), or the node became known.
@@ -106,8 +108,8 @@ type nodeState struct {
 	// either changes (refreshLocked).
 	summary *vgpu.NodeSummary
 	// summaryWorkload is the workload summary was measured against; while
-	// it is not clusterState.workload, the summary's fragmentation figures
-	// and the verdicts are stale (setWorkload).
+	// it is not State.workload, the summary's fragmentation figures
+	// and the verdicts are stale (SetWorkload).
 	summaryWorkload *vgpu.Workload
 	// gen changes whenever usage or inventory changes, so a bind can tell
 	// whether what it checked under the read lock is still current, and
@@ -118,7 +120,7 @@ type nodeState struct {
 	// they leave undecided. Summaries are rebuilt all over the heap as
 	// pods come and go; the node states stay side by side.
 	figures vgpu.NodeFigures
-	// index is the node's position in clusterState.byIndex.
+	// index is the node's position in State.byIndex.
 	index int
 	// name is the Node's name.
 	name string
@@ -129,7 +131,7 @@ type nodeState struct {
 	// it without a lookup.
 	leaseName string
 	lease     *leaseState
-	// hasInventory and inventoryHash are nodeMeta's: whether the Node has
+	// hasInventory and inventoryHash are NodeMeta's: whether the Node has
 	// the inventory annotation and which value inventory and inventoryErr
 	// were parsed from; parsing happens only when it changes.
 	hasInventory  bool
@@ -152,8 +154,8 @@ type nodeState struct {
 	kubeletReady bool
 }
 
-// podEntry is one pod counted in a node's usage.
-type podEntry struct {
+// Entry is one pod counted in a node's usage.
+type Entry struct {
 	uid  types.UID
 	node string
 	// raw is the allocation annotation value alloc was parsed from.
@@ -163,6 +165,20 @@ type podEntry struct {
 	// reserved is true from Bind's reservation until the informer sees the
 	// pod bound with this allocation; then the entry counts as bound.
 	reserved bool
+}
+
+// UID is the pod's, Node the node it counts on, Raw the allocation
+// annotation value its Allocation was parsed from (or encoded to, for a
+// reservation).
+func (e *Entry) UID() types.UID                 { return e.uid }
+func (e *Entry) Node() string                   { return e.node }
+func (e *Entry) Raw() string                    { return e.raw }
+func (e *Entry) Allocation() vgpu.PodAllocation { return e.alloc }
+
+// Terminal reports whether a pod in phase holds nothing on its node any
+// more.
+func Terminal(phase corev1.PodPhase) bool {
+	return phase == corev1.PodSucceeded || phase == corev1.PodFailed
 }
 
 // leaseState is a heartbeat Lease as the extender needs it.
@@ -175,28 +191,58 @@ type leaseState struct {
 	heartbeatErr error
 }
 
-// newClusterState returns an empty state judging allocatable resourceName,
-// timing changes by now and heartbeat gaps against heartbeatMaxAge, and
-// summarizing nodes for workload. Nobody hears of its changes until its
-// listener is set, before it is used.
-func newClusterState(resourceName corev1.ResourceName, now func() time.Time, heartbeatMaxAge time.Duration, workload *vgpu.Workload) *clusterState {
-	return &clusterState{
-		workload:        workload,
-		resourceName:    resourceName,
-		nodes:           map[string]*nodeState{},
-		byLease:         map[string]*nodeState{},
-		pods:            map[types.UID]*podEntry{},
-		hosts:           map[types.UID]hostEntry{},
-		leases:          map[string]*leaseState{},
-		listener:        ignoreChanges{},
-		now:             now,
-		heartbeatMaxAge: heartbeatMaxAge,
+// Options are what a State judges by.
+type Options struct {
+	// ResourceName is the extended resource whose allocatable a node must
+	// have (vgpu.NodeReadiness).
+	ResourceName corev1.ResourceName
+	// Now is the clock: heartbeat age, change times. Required.
+	Now func() time.Time
+	// HeartbeatMaxAge is the oldest a heartbeat may be (vgpu.PluginReadiness);
+	// a Lease renewed after a longer gap is a change. HeartbeatNamespace is
+	// the Leases' namespace, for messages.
+	HeartbeatMaxAge    time.Duration
+	HeartbeatNamespace string
+	// Fit are the policies pods are fitted by (NodePolicy, GPUPolicy);
+	// the state sets the rest of each call's options.
+	Fit vgpu.FitOptions
+	// PercentageOfNodesToScore is kube-scheduler's profile setting
+	// (FitsElsewhere).
+	PercentageOfNodesToScore int
+	// Workload is what the summaries are measured against until
+	// SetWorkload replaces it. Required; never modified.
+	Workload *vgpu.Workload
+	// Listener hears of the state's changes; nil: nobody.
+	Listener ChangeListener
+	// ExtraSupply, when set, adds GPUs by model that no Node inventory
+	// lists (the DRA nodes') to a new workload's supply (SetWorkload); it
+	// must not call into the state.
+	ExtraSupply func() map[string]int
+}
+
+// New returns an empty state judging by opts.
+func New(opts Options) *State {
+	st := &State{
+		opts:         opts,
+		workload:     opts.Workload,
+		resourceName: opts.ResourceName,
+		nodes:        map[string]*nodeState{},
+		byLease:      map[string]*nodeState{},
+		pods:         map[types.UID]*Entry{},
+		hosts:        map[types.UID]hostEntry{},
+		leases:       map[string]*leaseState{},
+		listener:     opts.Listener,
+		now:          opts.Now,
 	}
+	if st.listener == nil {
+		st.listener = ignoreChanges{}
+	}
+	return st
 }
 
 // nodeLocked returns the state of node name, creating it. Callers hold the
 // write lock.
-func (st *clusterState) nodeLocked(name string) *nodeState {
+func (st *State) nodeLocked(name string) *nodeState {
 	n := st.nodes[name]
 	if n == nil {
 		n = &nodeState{name: name, index: len(st.byIndex), leaseName: vgpu.HeartbeatLeaseName(name)}
@@ -209,14 +255,15 @@ func (st *clusterState) nodeLocked(name string) *nodeState {
 	return n
 }
 
-// upsertNode records a Node added or updated, as the Node cache keeps it
-// (nodeMetaOf, with the state's parses reused).
-func (st *clusterState) upsertNode(node *corev1.Node) {
-	st.upsertNodeMeta(nodeMetaOf(node, st.resourceName, st.parsedInventory))
+// UpsertNode records a Node added or updated, as the Node cache keeps it
+// (NodeMetaOf, with the state's parses reused).
+func (st *State) UpsertNode(node *corev1.Node) {
+	st.UpsertNodeMeta(NodeMetaOf(node, st.resourceName, st.ParsedInventory))
 }
 
-// upsertNodeMeta records a Node added or updated.
-func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
+// UpsertNodeMeta records a Node added or updated, as the Node cache keeps
+// it.
+func (st *State) UpsertNodeMeta(m *NodeMeta) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := st.nodeLocked(m.Name)
@@ -245,14 +292,14 @@ func (st *clusterState) upsertNodeMeta(m *nodeMeta) {
 	}
 }
 
-// synced records that the informers' first lists are counted: every pod
+// Synced records that the informers' first lists are counted: every pod
 // Filter turned away before may fit now, anywhere.
-func (st *clusterState) synced() {
+func (st *State) Synced() {
 	st.listener.Synced(st.now())
 }
 
-// deleteNode records a Node deleted. Its usage stays until its pods go.
-func (st *clusterState) deleteNode(name string) {
+// DeleteNode records a Node deleted. Its usage stays until its pods go.
+func (st *State) DeleteNode(name string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := st.nodes[name]
@@ -266,10 +313,10 @@ func (st *clusterState) deleteNode(name string) {
 	n.readiness = vgpu.NodeReadiness(vgpu.ErrNoInventory, "", false, 0, st.resourceName)
 }
 
-// upsertLease records a heartbeat Lease added or updated. Other Leases in
+// UpsertLease records a heartbeat Lease added or updated. Other Leases in
 // the namespace (the kubelets' node Leases in the default one) are
 // ignored: no node's leaseName can match them.
-func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
+func (st *State) UpsertLease(lease *coordinationv1.Lease) {
 	if !vgpu.IsHeartbeatLeaseName(lease.Name) {
 		return
 	}
@@ -296,7 +343,7 @@ func (st *clusterState) upsertLease(lease *coordinationv1.Lease) {
 	// A Lease whose Node is not known yet changes nothing: the Node's
 	// arrival will.
 	if n := st.byLease[lease.Name]; n != nil && (raw != l.raw || !l.renewTime.IsZero() && (lastRenew.IsZero() ||
-		l.renewTime.Sub(lastRenew) > st.heartbeatMaxAge || st.now().Sub(lastRenew) > st.heartbeatMaxAge)) {
+		l.renewTime.Sub(lastRenew) > st.opts.HeartbeatMaxAge || st.now().Sub(lastRenew) > st.opts.HeartbeatMaxAge)) {
 		st.listener.NodeReady(st.now(), n.index)
 	}
 	if raw != l.raw {
@@ -329,8 +376,8 @@ func (n *nodeState) heartbeat() vgpu.Heartbeat {
 	return vgpu.Heartbeat{Exists: true, RenewTime: l.renewTime, Raw: l.raw, Parsed: l.heartbeat, Err: l.heartbeatErr}
 }
 
-// deleteLease records a heartbeat Lease deleted.
-func (st *clusterState) deleteLease(name string) {
+// DeleteLease records a heartbeat Lease deleted.
+func (st *State) DeleteLease(name string) {
 	if !vgpu.IsHeartbeatLeaseName(name) {
 		return
 	}
@@ -343,20 +390,30 @@ func (st *clusterState) deleteLease(name string) {
 	}
 }
 
-// upsertPod records a pod added or updated. A pod counts when it is not
+// UpsertPod records a pod added or updated. A pod counts when it is not
 // terminal, is bound (spec.nodeName) and carries a valid allocation for
 // that node; a reservation made by Bind keeps counting while the pod is
 // still unbound. It returns an error to log when the pod carries an
 // allocation that is not counted because it is malformed.
-func (st *clusterState) upsertPod(pod *corev1.Pod) error {
-	terminal := terminal(pod.Status.Phase)
+func (st *State) UpsertPod(pod *corev1.Pod) error {
+	terminal := Terminal(pod.Status.Phase)
 	st.upsertHost(pod.UID, pod.Spec.NodeName, terminal, vgpu.HostRequestOf(pod))
 	return st.upsertGPU(pod, terminal)
 }
 
-// upsertGPU is upsertPod's GPU usage: pod counts or stops counting on its
-// node, as upsertPod says.
-func (st *clusterState) upsertGPU(pod *corev1.Pod, terminal bool) error {
+// UpsertPlainPod records a pod added or updated that asks for no GPU and
+// carries no allocation, as the pod cache keeps it: what it takes of its
+// node's CPU and memory (host) while it is bound there (node) and not
+// terminal, and no GPU usage (an update that removed a pod's allocation
+// must still remove what it counted).
+func (st *State) UpsertPlainPod(uid types.UID, node string, terminal bool, host vgpu.HostResources) {
+	st.upsertHost(uid, node, terminal, host)
+	st.upsertGPU(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}}, terminal) //nolint:errcheck // no allocation: cannot fail
+}
+
+// upsertGPU is UpsertPod's GPU usage: pod counts or stops counting on its
+// node, as UpsertPod says.
+func (st *State) upsertGPU(pod *corev1.Pod, terminal bool) error {
 	raw, hasAlloc := pod.Annotations[vgpu.AnnotationPodAllocation]
 	node := pod.Spec.NodeName
 	if terminal || node != "" {
@@ -397,7 +454,7 @@ func (st *clusterState) upsertGPU(pod *corev1.Pod, terminal bool) error {
 	// The request tells sidecars from regular init containers; a pod spec
 	// vgpu rejects counts with the safe zero request (see NodeUsage.Add).
 	req, _ := vgpu.RequestFromPod(pod)
-	st.addLocked(&podEntry{
+	st.addLocked(&Entry{
 		uid:  pod.UID,
 		node: node, raw: raw, alloc: alloc, req: req,
 	})
@@ -409,8 +466,8 @@ func (st *clusterState) upsertGPU(pod *corev1.Pod, terminal bool) error {
 // (uncountable: terminal, unbound or without allocation), or a bound pod
 // counted already with this node and allocation. Most pod events in a
 // cluster are such, and the informer then takes no write lock that would
-// hold up Filter. Anything else upsertPod decides under the write lock.
-func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw string) bool {
+// hold up Filter. Anything else UpsertPod decides under the write lock.
+func (st *State) podUnchanged(uid types.UID, uncountable bool, node, raw string) bool {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	old := st.pods[uid]
@@ -420,9 +477,9 @@ func (st *clusterState) podUnchanged(uid types.UID, uncountable bool, node, raw 
 	return !uncountable && !old.reserved && old.node == node && old.raw == raw
 }
 
-// deletePod records a pod deleted: whatever it held, bound or reserved, is
+// DeletePod records a pod deleted: whatever it held, bound or reserved, is
 // free again.
-func (st *clusterState) deletePod(uid types.UID) {
+func (st *State) DeletePod(uid types.UID) {
 	st.listener.Forget(uid)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -431,7 +488,7 @@ func (st *clusterState) deletePod(uid types.UID) {
 }
 
 // addLocked counts e on its node. Callers hold the write lock.
-func (st *clusterState) addLocked(e *podEntry) {
+func (st *State) addLocked(e *Entry) {
 	n := st.nodeLocked(e.node)
 	n.usage.Add(e.alloc, e.req)
 	st.refreshLocked(n)
@@ -440,7 +497,7 @@ func (st *clusterState) addLocked(e *podEntry) {
 
 // removeLocked stops counting e, if it is still counted. Callers hold the
 // write lock.
-func (st *clusterState) removeLocked(e *podEntry) {
+func (st *State) removeLocked(e *Entry) {
 	if e == nil || st.pods[e.uid] != e {
 		return
 	}
@@ -451,9 +508,9 @@ func (st *clusterState) removeLocked(e *podEntry) {
 	st.listener.Freed(st.now(), n.index)
 }
 
-// release drops a reservation made by Bind, unless the informer already
+// Release drops a reservation made by Reserve, unless the informer already
 // replaced it or saw the pod bound with it. It reports whether it did.
-func (st *clusterState) release(e *podEntry) bool {
+func (st *State) Release(e *Entry) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.pods[e.uid] != e || !e.reserved {
@@ -467,15 +524,15 @@ func (st *clusterState) release(e *podEntry) bool {
 
 // refreshLocked records that n's inventory or usage changed: a new
 // generation and summary. Callers hold the write lock.
-func (st *clusterState) refreshLocked(n *nodeState) {
+func (st *State) refreshLocked(n *nodeState) {
 	n.gen++
 	n.summary = vgpu.Summarize(vgpu.NodeState{Inventory: n.inventory, Usage: &n.usage, HostFree: n.hostFreeLocked()}, st.workload)
 	n.figures = n.summary.NodeFigures
 	n.summaryWorkload = st.workload
 }
 
-// gpuModels returns the model of each GPU in node's inventory, by UUID.
-func (st *clusterState) gpuModels(node string) map[string]string {
+// GPUModels returns the model of each GPU in node's inventory, by UUID.
+func (st *State) GPUModels(node string) map[string]string {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	n := st.nodes[node]
@@ -489,8 +546,8 @@ func (st *clusterState) gpuModels(node string) map[string]string {
 	return models
 }
 
-// usageOf returns a copy of node's usage, for tests and debugging.
-func (st *clusterState) usageOf(node string) *vgpu.NodeUsage {
+// Usage returns a copy of node's usage, for tests and debugging.
+func (st *State) Usage(node string) *vgpu.NodeUsage {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	n := st.nodes[node]
@@ -500,8 +557,8 @@ func (st *clusterState) usageOf(node string) *vgpu.NodeUsage {
 	return n.usage.Clone()
 }
 
-// reservations returns how many pods are counted from a reservation.
-func (st *clusterState) reservations() int {
+// Reservations returns how many pods are counted from a reservation.
+func (st *State) Reservations() int {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	count := 0
