@@ -5,10 +5,14 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/extender/cluster"
 )
 
 // TestLayers checks the import graph that keeps the packages under
@@ -76,4 +80,41 @@ func matchesAny(patterns []string, path string) bool {
 		}
 	}
 	return false
+}
+
+// TestStateLockPrivate checks that only extender/cluster takes its
+// state's lock: State exports no field (its lock is one of them), and no
+// code outside the package but tests calls State.Stall, the one method
+// that holds the lock across a return.
+func TestStateLockPrivate(t *testing.T) {
+	typ := reflect.TypeFor[cluster.State]()
+	for f := range typ.Fields() {
+		if f.IsExported() {
+			t.Errorf("cluster.State exports field %s", f.Name)
+		}
+	}
+	roots := []string{".", "../internal", "../cmd"}
+	for _, root := range roots {
+		err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case e.IsDir() && (e.Name() == "cluster" || e.Name() == "testdata"):
+				return filepath.SkipDir
+			case e.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+				return nil
+			}
+			src, err := os.ReadFile(path) //nolint:gosec // the repository's own tree
+			if err != nil {
+				return err
+			}
+			if strings.Contains(string(src), ".Stall()") {
+				t.Errorf("%s holds the cluster state's lock (Stall): only tests may", path)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }

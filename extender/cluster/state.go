@@ -167,12 +167,17 @@ type Entry struct {
 	reserved bool
 }
 
-// UID is the pod's, Node the node it counts on, Raw the allocation
-// annotation value its Allocation was parsed from (or encoded to, for a
-// reservation).
-func (e *Entry) UID() types.UID                 { return e.uid }
-func (e *Entry) Node() string                   { return e.node }
-func (e *Entry) Raw() string                    { return e.raw }
+// UID is the pod's.
+func (e *Entry) UID() types.UID { return e.uid }
+
+// Node is the node the pod counts on.
+func (e *Entry) Node() string { return e.node }
+
+// Raw is the allocation annotation value Allocation was parsed from (or
+// encoded to, for a reservation).
+func (e *Entry) Raw() string { return e.raw }
+
+// Allocation is what the pod holds on Node.
 func (e *Entry) Allocation() vgpu.PodAllocation { return e.alloc }
 
 // Terminal reports whether a pod in phase holds nothing on its node any
@@ -408,7 +413,7 @@ func (st *State) UpsertPod(pod *corev1.Pod) error {
 // must still remove what it counted).
 func (st *State) UpsertPlainPod(uid types.UID, node string, terminal bool, host vgpu.HostResources) {
 	st.upsertHost(uid, node, terminal, host)
-	st.upsertGPU(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}}, terminal) //nolint:errcheck // no allocation: cannot fail
+	_ = st.upsertGPU(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}}, terminal) // no allocation: cannot fail
 }
 
 // upsertGPU is UpsertPod's GPU usage: pod counts or stops counting on its
