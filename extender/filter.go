@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -114,15 +113,27 @@ func candidates(args *extenderv1.ExtenderArgs) ([]string, error) {
 // non-nil, wrapping ErrBadArgs, only for arguments kube-scheduler never
 // sends.
 func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (*extenderv1.ExtenderFilterResult, error) {
+	a, err := s.filter(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	defer a.release()
+	return a.result(args), nil
+}
+
+// filter is Filter's judgement as slices (filterAnswer), which the HTTP
+// codec writes without building Filter's maps. The caller releases the
+// answer once it is written.
+func (s *Scheduler) filter(ctx context.Context, args *extenderv1.ExtenderArgs) (*filterAnswer, error) {
 	names, err := candidates(args)
 	if err != nil {
 		return nil, err
 	}
+	a := newFilterAnswer(names)
 	d, err := cluster.DemandOf(args.Pod)
 	if err != nil {
-		return &extenderv1.ExtenderFilterResult{
-			FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: err.Error(),
-		}, nil
+		a.err = err.Error()
+		return a, nil
 	}
 	// Every slot is written below; the slice goes back to the pool when
 	// the answer is built (it holds no state the answer points to but
@@ -153,18 +164,6 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	if s.cfg.FilterResult == FilterResultBest {
 		best = bestScore(verdicts)
 	}
-	// The answer's parts are sized from a count first: with thousands of
-	// nodes they are most of what one Filter allocates.
-	var n [outcomes]int
-	for i := range verdicts {
-		n[outcomeOf(&verdicts[i], best)]++
-	}
-	result := &extenderv1.ExtenderFilterResult{
-		FailedNodes:                make(extenderv1.FailedNodesMap, n[outcomeFailed]),
-		FailedAndUnresolvableNodes: make(extenderv1.FailedNodesMap, n[outcomeUnresolvable]),
-	}
-	passed := make([]string, 0, n[outcomePassed])
-	var items []corev1.Node
 	counts := map[vgpu.Reason]int64{}
 	needs := map[needKey]string{}
 	for i, v := range verdicts {
@@ -173,10 +172,7 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 		case outcomeLeftOut:
 			continue
 		case outcomePassed:
-			passed = append(passed, names[i])
-			if args.NodeNames == nil {
-				items = append(items, args.Nodes.Items[i])
-			}
+			a.passed = append(a.passed, i)
 			continue
 		}
 		msg := v.Message
@@ -190,16 +186,16 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			}
 		}
 		if outcome == outcomeUnresolvable {
-			result.FailedAndUnresolvableNodes[names[i]] = msg
+			a.unresolvable = append(a.unresolvable, failedNode{i, msg})
 		} else {
-			result.FailedNodes[names[i]] = msg
+			a.failed = append(a.failed, failedNode{i, msg})
 		}
 		counts[v.Reason]++
 	}
 	s.rejections.add(counts)
 	// A pod that passed some node is placed there (kube-scheduler sends
 	// only nodes its own filters passed); one that passed none waits.
-	if len(passed) == 0 && len(counts) > 0 {
+	if len(a.passed) == 0 && len(counts) > 0 {
 		var rej retry.Rejection
 		for _, v := range verdicts {
 			if v.Node < 0 {
@@ -215,16 +211,8 @@ func (s *Scheduler) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 	} else {
 		s.retries.Forget(args.Pod.UID)
 	}
-	if args.NodeNames != nil {
-		result.NodeNames = &passed
-	} else {
-		result.Nodes = &corev1.NodeList{Items: items}
-		if result.Nodes.Items == nil {
-			result.Nodes.Items = []corev1.Node{}
-		}
-	}
-	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "candidates", len(names), "passed", len(passed))
-	return result, nil
+	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "candidates", len(names), "passed", len(a.passed))
+	return a, nil
 }
 
 // filterOutcome is where Filter's answer puts a node, by its verdict.
@@ -240,7 +228,6 @@ const (
 	// FailedAndUnresolvableNodes.
 	outcomeFailed
 	outcomeUnresolvable
-	outcomes // how many there are
 )
 
 // outcomeOf is v's outcome when best is the best score (nil: every
