@@ -1,7 +1,13 @@
 package extender
 
 import (
+	"cmp"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -87,4 +93,184 @@ func (a *filterAnswer) result(args *extenderv1.ExtenderArgs) *extenderv1.Extende
 	}
 	result.Nodes = &corev1.NodeList{Items: items}
 	return result
+}
+
+// appendFilterAnswer appends the JSON of a.result(args), byte for byte as
+// encoding/json writes it (FailedNodes sorted by name, a name given twice
+// once, with its later message), without building the result: NodeNames
+// and the failed nodes come straight from a's slices, whose failed nodes
+// it sorts. An answer in the form of Nodes (args without NodeNames) is
+// encoded by encoding/json, whole Nodes and all.
+func appendFilterAnswer(dst []byte, args *extenderv1.ExtenderArgs, a *filterAnswer) ([]byte, error) {
+	switch {
+	case a.err != "":
+		dst = append(dst, `{"Nodes":null,"NodeNames":null,"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":`...)
+		return append(appendJSONString(dst, a.err), '}'), nil
+	case args.NodeNames == nil:
+		body, err := json.Marshal(a.result(args))
+		return append(dst, body...), err
+	}
+	dst = append(dst, `{"Nodes":null,"NodeNames":[`...)
+	for j, i := range a.passed {
+		if j > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, a.names[i])
+	}
+	dst = append(dst, `],"FailedNodes":`...)
+	dst = appendFailedNodes(dst, a.names, a.failed)
+	dst = append(dst, `,"FailedAndUnresolvableNodes":`...)
+	dst = appendFailedNodes(dst, a.names, a.unresolvable)
+	return append(dst, `,"Error":""}`...), nil
+}
+
+// appendFailedNodes appends nodes as the JSON object of a FailedNodesMap
+// encoding/json writes: keys in byte order, each once, with the message of
+// the last of its nodes. It sorts nodes.
+func appendFailedNodes(dst []byte, names []string, nodes []failedNode) []byte {
+	slices.SortFunc(nodes, func(x, y failedNode) int {
+		if c := strings.Compare(names[x.node], names[y.node]); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.node, y.node)
+	})
+	// Most nodes share one of a few messages (one per reason and
+	// container): the last few escaped are copied rather than escaped
+	// again.
+	var recent [4]escapedMessage
+	next := 0
+	dst = append(dst, '{')
+	first := true
+	for k, f := range nodes {
+		name := names[f.node]
+		if k+1 < len(nodes) && names[nodes[k+1].node] == name {
+			continue // a later message for the same name wins, as in a map
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(appendJSONString(dst, name), ':')
+		found := false
+		for _, m := range recent {
+			if m.end > 0 && m.message == f.message {
+				dst = append(dst, dst[m.start:m.end]...)
+				found = true
+				break
+			}
+		}
+		if !found {
+			start := len(dst)
+			dst = appendJSONString(dst, f.message)
+			recent[next%len(recent)] = escapedMessage{f.message, start, len(dst)}
+			next++
+		}
+	}
+	return append(dst, '}')
+}
+
+// escapedMessage is a message appendFailedNodes wrote, at dst[start:end].
+type escapedMessage struct {
+	message    string
+	start, end int
+}
+
+// appendHostPriorities appends list as encoding/json writes it.
+func appendHostPriorities(dst []byte, _ *extenderv1.ExtenderArgs, list extenderv1.HostPriorityList) ([]byte, error) {
+	if list == nil {
+		return append(dst, "null"...), nil
+	}
+	dst = append(dst, '[')
+	for i := range list {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"Host":`...)
+		dst = appendJSONString(dst, list[i].Host)
+		dst = append(dst, `,"Score":`...)
+		dst = append(strconv.AppendInt(dst, list[i].Score, 10), '}')
+	}
+	return append(dst, ']'), nil
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it: quote and backslash, \b \f \n \r \t, other control bytes and
+// < > & as \u00XX, each invalid UTF-8 byte as \ufffd, and U+2028 and
+// U+2029 as \u2028 and \u2029; every other byte as it is.
+func appendJSONString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	done := 0 // s[:done] is in dst
+	for i := 0; i < len(s); {
+		c := s[i]
+		if jsonPlain[c] {
+			i++
+			continue
+		}
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			var esc string
+			switch {
+			case r == utf8.RuneError && size == 1:
+				esc = `\ufffd`
+			case r == '\u2028':
+				esc = `\u2028`
+			case r == '\u2029':
+				esc = `\u2029`
+			default:
+				i += size
+				continue
+			}
+			dst = append(append(dst, s[done:i]...), esc...)
+			i += size
+			done = i
+			continue
+		}
+		dst = append(dst, s[done:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		i++
+		done = i
+	}
+	return append(append(dst, s[done:]...), '"')
+}
+
+// jsonPlain tells the bytes appendJSONString copies as they are: printable
+// ASCII but quote, backslash, <, > and &. It is never written after init.
+var jsonPlain = func() (plain [256]bool) {
+	for c := ' '; c < utf8.RuneSelf; c++ {
+		plain[c] = !strings.ContainsRune(`"\<>&`, c)
+	}
+	return plain
+}()
+
+// answerBuffer is the buffer one answer is written into, from
+// answerPool.
+type answerBuffer struct{ b []byte }
+
+// answerPool holds answerBuffers between requests.
+var answerPool = sync.Pool{New: func() any { return new(answerBuffer) }}
+
+// release puts buf back in the pool, unless it grew above
+// maxPooledBytes.
+func (buf *answerBuffer) release() {
+	if cap(buf.b) > maxPooledBytes {
+		buf.b = nil
+	}
+	buf.b = buf.b[:0]
+	answerPool.Put(buf)
 }

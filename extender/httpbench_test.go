@@ -82,13 +82,14 @@ func schedulerBody(tb testing.TB, pod *corev1.Pod, names []string) []byte {
 	return body
 }
 
-// legacyHandler serves /filter and /prioritize as Handler did before the
-// codec: encoding/json both ways (jsonEndpoint), with the same metrics and
-// authorization around them.
+// legacyHandler serves /filter, /prioritize and /dra/prioritize as
+// Handler did before the codec: encoding/json both ways (jsonEndpoint),
+// with the same metrics and authorization around them.
 func legacyHandler(s *Scheduler) http.Handler {
 	r := mux.NewRouter()
 	r.Handle("/filter", s.metrics.instrument("filter", s.authorized(jsonEndpoint(s.Filter)))).Methods(http.MethodPost)
 	r.Handle("/prioritize", s.metrics.instrument("prioritize", s.authorized(jsonEndpoint(s.Prioritize)))).Methods(http.MethodPost)
+	r.Handle("/dra/prioritize", s.metrics.instrument("dra/prioritize", s.authorized(jsonEndpoint(s.PrioritizeDRA)))).Methods(http.MethodPost)
 	return r
 }
 
@@ -171,7 +172,7 @@ func BenchmarkHTTPFilterPrioritize(b *testing.B) {
 	for _, h := range []struct {
 		name    string
 		handler http.Handler
-	}{{"legacy", legacyHandler(s)}} {
+	}{{"codec", s.Handler()}, {"legacy", legacyHandler(s)}} {
 		srv := httptest.NewServer(h.handler)
 		for _, tc := range httpBenchCases {
 			b.Run(h.name+"/"+tc.name, func(b *testing.B) {

@@ -13,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/gorilla/mux"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpuslice/gpuslice/internal/probe"
 )
@@ -20,8 +21,10 @@ import (
 // Handler returns the extender's HTTP API: POST /filter, /prioritize,
 // /bind and /dra/prioritize (PrioritizeDRA; every node scores 0 without
 // Config.DRA) take and return the k8s.io/kube-scheduler/extender/v1 types
-// as JSON (Go field names as keys); GET /healthz answers 200 while the process
-// serves; GET /readyz answers 200 once the informers synced, else 503;
+// as JSON (Go field names as keys; all but /bind read and write them
+// through the codec, argsEndpoint, as encoding/json would); GET /healthz
+// answers 200 while the process serves; GET /readyz answers 200 once the
+// informers synced, else 503;
 // GET /metrics serves the Prometheus metrics (docs/metrics.md).
 // A body that is empty, not one JSON value of the right shape, of another
 // Content-Type, or without the arguments kube-scheduler always sends gets
@@ -33,10 +36,10 @@ import (
 // included, is counted and timed in the metrics.
 func (s *Scheduler) Handler() http.Handler {
 	r := mux.NewRouter()
-	r.Handle("/filter", s.metrics.instrument("filter", s.authorized(jsonEndpoint(s.Filter)))).Methods(http.MethodPost)
-	r.Handle("/prioritize", s.metrics.instrument("prioritize", s.authorized(jsonEndpoint(s.Prioritize)))).Methods(http.MethodPost)
+	r.Handle("/filter", s.metrics.instrument("filter", s.authorized(argsEndpoint(s.filter, appendFilterAnswer, (*filterAnswer).release)))).Methods(http.MethodPost)
+	r.Handle("/prioritize", s.metrics.instrument("prioritize", s.authorized(argsEndpoint(s.Prioritize, appendHostPriorities, nil)))).Methods(http.MethodPost)
 	r.Handle("/bind", s.metrics.instrument("bind", s.authorized(jsonEndpoint(s.Bind)))).Methods(http.MethodPost)
-	r.Handle("/dra/prioritize", s.metrics.instrument("dra/prioritize", s.authorized(jsonEndpoint(s.PrioritizeDRA)))).Methods(http.MethodPost)
+	r.Handle("/dra/prioritize", s.metrics.instrument("dra/prioritize", s.authorized(argsEndpoint(s.PrioritizeDRA, appendHostPriorities, nil)))).Methods(http.MethodPost)
 	s.healthRoutes(r)
 	return r
 }
@@ -111,33 +114,90 @@ func jsonEndpoint[In, Out any](call func(context.Context, *In) (Out, error)) htt
 		}
 		out, err := call(r.Context(), &in)
 		if err != nil {
-			status := http.StatusInternalServerError
-			if errors.Is(err, ErrBadArgs) {
-				status = http.StatusBadRequest
-			}
-			probe.Text(w, status, err.Error())
+			callFailed(w, err)
 			return
 		}
 		body, err := json.Marshal(out)
-		if err != nil {
-			probe.Text(w, http.StatusInternalServerError, "encode response: "+err.Error())
+		writeAnswer(w, body, err)
+	})
+}
+
+// argsEndpoint adapts a Scheduler method that takes ExtenderArgs to HTTP
+// through the codec, with jsonEndpoint's statuses and messages: read the
+// arguments (argsReader), call, append the answer with write into a pooled
+// buffer, then done(out) unless done is nil. write must produce what
+// json.Marshal would of the answer.
+func argsEndpoint[Out any](call func(context.Context, *extenderv1.ExtenderArgs) (Out, error),
+	write func([]byte, *extenderv1.ExtenderArgs, Out) ([]byte, error), done func(Out)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in := argsReaderPool.Get().(*argsReader)
+		defer in.release()
+		if status, err := in.read(w, r); err != nil {
+			probe.Text(w, status, err.Error())
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(body)
+		out, err := call(r.Context(), &in.args)
+		if err != nil {
+			callFailed(w, err)
+			return
+		}
+		if done != nil {
+			defer done(out)
+		}
+		buf := answerPool.Get().(*answerBuffer)
+		defer buf.release()
+		buf.b, err = write(buf.b[:0], &in.args, out)
+		writeAnswer(w, buf.b, err)
 	})
+}
+
+// callFailed answers the error of a Scheduler method: 400 when it wraps
+// ErrBadArgs, else 500, with the message.
+func callFailed(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	if errors.Is(err, ErrBadArgs) {
+		status = http.StatusBadRequest
+	}
+	probe.Text(w, status, err.Error())
+}
+
+// writeAnswer answers 200 with body as JSON, or 500 when encoding it
+// failed with err.
+func writeAnswer(w http.ResponseWriter, body []byte, err error) {
+	if err != nil {
+		probe.Text(w, http.StatusInternalServerError, "encode response: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
 // decode reads exactly one JSON value of at most MaxRequestBytes into v.
 // On failure it returns the status to answer with.
 func decode(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	if status, err := checkContentType(r); err != nil {
+		return status, err
+	}
+	return decodeJSON(http.MaxBytesReader(w, r.Body, MaxRequestBytes), v)
+}
+
+// checkContentType refuses a request whose Content-Type is set and is not
+// application/json, with the status to answer.
+func checkContentType(r *http.Request) (int, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			return http.StatusBadRequest, fmt.Errorf("Content-Type %q: must be application/json", ct)
 		}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	return 0, nil
+}
+
+// decodeJSON reads exactly one JSON value from body into v with
+// encoding/json. On failure it returns the status to answer with: 413
+// when body is an http.MaxBytesReader past its limit, else 400.
+func decodeJSON(body io.Reader, v any) (int, error) {
+	dec := json.NewDecoder(body)
 	if err := dec.Decode(v); err != nil {
 		var tooLarge *http.MaxBytesError
 		switch {
