@@ -94,7 +94,8 @@ func TestBindPodWithoutGPUCountsHost(t *testing.T) {
 		if fail {
 			want = 12000
 		}
-		free := e.s.state.HostFree("idle").CPUMilli
+		idle, _ := e.s.state.Node("idle")
+		free := idle.HostFree.CPUMilli
 		if free != want {
 			t.Errorf("fail=%v: idle's free CPU after the bind = %d, want %d", fail, free, want)
 		}

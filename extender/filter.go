@@ -181,7 +181,7 @@ func (s *Scheduler) filter(ctx context.Context, args *extenderv1.ExtenderArgs) (
 			// node, so kube-scheduler's event counts them together.
 			k := needKey{v.Reason, v.Container}
 			if msg = needs[k]; msg == "" {
-				msg = vgpu.NeedMessage(d.Pod, &vgpu.FitError{Reason: v.Reason, Container: v.Container})
+				msg = v.NeedMessage(&d)
 				needs[k] = msg
 			}
 		}

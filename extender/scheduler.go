@@ -151,14 +151,13 @@ func New(cfg Config, opts Options) (*Scheduler, error) {
 	}
 	if cfg.DRA {
 		// The DRA state reads the cluster state's hosts (ReadHosts) and
-		// adds its GPUs to the workload's supply: each needs the other.
-		var dra *drascore.State
-		stateOpts.ExtraSupply = func() map[string]int { return dra.Supply() }
-		s.state = cluster.New(stateOpts)
-		dra = drascore.New(s.fitOptions, s.state)
-		s.dra = dra
-	} else {
-		s.state = cluster.New(stateOpts)
+		// adds its GPUs to the workload's supply, which is asked for only
+		// once s.dra is set below.
+		stateOpts.ExtraSupply = func() map[string]int { return s.dra.Supply() }
+	}
+	s.state = cluster.New(stateOpts)
+	if cfg.DRA {
+		s.dra = drascore.New(s.fitOptions, s.state)
 	}
 	events := opts.EventClient
 	if events == nil {

@@ -284,7 +284,10 @@ func TestHostFree(t *testing.T) {
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("32Gi")
 	st.UpsertNodeMeta(obj(node).(*cluster.NodeMeta))
-	free := func() *vgpu.HostResources { return st.HostFree("n1") }
+	free := func() *vgpu.HostResources {
+		n, _ := st.Node("n1")
+		return n.HostFree
+	}
 	plain := vgputest.Pod("plain").Container("main").Limit(corev1.ResourceCPU, "2").Limit(corev1.ResourceMemory, "4Gi").Obj()
 	pending := plain.DeepCopy()
 	h.OnAdd(obj(pending), false)

@@ -27,16 +27,6 @@ func (st *State) Workload() *vgpu.Workload {
 	return st.workload
 }
 
-// HostFree returns node's free CPU and memory (nil while unknown).
-func (st *State) HostFree(node string) *vgpu.HostResources {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	if n := st.nodes[node]; n != nil {
-		return n.hostFreeLocked()
-	}
-	return nil
-}
-
 // Known calls fn(i) for each of names the state has a node for, under one
 // read lock.
 func (st *State) Known(names []string, fn func(i int)) {

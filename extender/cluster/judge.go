@@ -19,6 +19,9 @@ import (
 // for are vgpu's: its readiness reasons and Fit's.
 const ReasonNodeUnknown vgpu.Reason = "NodeUnknown"
 
+// nodeUnknownMessage is ReasonNodeUnknown's message.
+const nodeUnknownMessage = "node not in gpuslice-scheduler's cache yet"
+
 // parallelThreshold is the node count from which JudgeAll and JudgeBest
 // spread the nodes over the CPUs; chunkSize is how many nodes one worker
 // takes at a time.
@@ -128,7 +131,7 @@ func (st *State) evaluateLocked(name string, d *Demand, now time.Time) Verdict {
 			// kube-scheduler judges its CPU and memory; unscored.
 			return Verdict{Fits: true, Node: -1}
 		}
-		return Rejected(ReasonNodeUnknown, false, "node not in gpuslice-scheduler's cache yet")
+		return Rejected(ReasonNodeUnknown, false, nodeUnknownMessage)
 	}
 	v := st.judgeLocked(n, d, now)
 	v.Node = n.index
@@ -288,10 +291,7 @@ func (st *State) Readiness(node string) vgpu.Readiness {
 	defer st.mu.RUnlock()
 	n := st.nodes[node]
 	if n == nil || !n.known {
-		return vgpu.Readiness{Reason: ReasonNodeUnknown, Message: "node not in gpuslice-scheduler's cache yet"}
-	}
-	if _, ok := st.readinessLocked(n, now); ok {
-		return vgpu.Readiness{}
+		return vgpu.Readiness{Reason: ReasonNodeUnknown, Message: nodeUnknownMessage}
 	}
 	return vgpu.PluginReadiness(n.readiness, n.heartbeat(), now, st.opts.HeartbeatMaxAge, st.opts.HeartbeatNamespace)
 }
