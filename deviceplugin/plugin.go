@@ -2,6 +2,8 @@ package deviceplugin
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -73,6 +75,9 @@ type Plugin struct {
 	backend GPUBackend
 	opts    Options
 
+	// instance names this plugin's sockets apart from any earlier plugin's
+	// (see socketName).
+	instance   string
 	reregister chan struct{}
 	metrics    *pluginMetrics
 	// inv is the inventory Run advertises, nil before Run lists the GPUs;
@@ -106,10 +111,15 @@ func New(cfg Config, backend GPUBackend, opts Options) (*Plugin, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	var token [4]byte
+	if _, err := rand.Read(token[:]); err != nil {
+		return nil, fmt.Errorf("deviceplugin: socket name token: %w", err)
+	}
 	p := &Plugin{
 		cfg:        cfg,
 		backend:    backend,
 		opts:       opts,
+		instance:   hex.EncodeToString(token[:]),
 		reregister: make(chan struct{}, 1),
 		regSig:     make(chan struct{}),
 	}
@@ -211,6 +221,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err := os.MkdirAll(p.cfg.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("device-plugin folder: %w", err)
 	}
+	removeDeadSockets(logger, p.cfg.DevicePluginDir, p.socketPrefix())
 	dir, err := watchDir(ctx, p.cfg.DevicePluginDir)
 	if err != nil {
 		return err
@@ -287,7 +298,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 // one); serveRound sets it for the next round.
 func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, alloc *allocator, dir *dirWatch, published <-chan struct{}, lastStale *string) error {
 	logger := klog.FromContext(ctx)
-	name := fmt.Sprintf("gpuslice-%s-%d-%d.sock", socketSafe(p.cfg.ResourceName), os.Getpid(), round)
+	name := p.socketName(round)
 	socket := filepath.Join(p.cfg.DevicePluginDir, name)
 	ep, err := startEndpoint(logger, socket, inv, alloc)
 	if err != nil {
@@ -325,6 +336,23 @@ func (p *Plugin) serveRound(ctx context.Context, round int, inv *inventory, allo
 		logger.Info("Registering again", "reason", reason)
 	}
 	return nil
+}
+
+// socketName is the endpoint's file name in round: the resource, this
+// plugin's random instance token and the round. A name must never repeat
+// across plugin restarts: a restarted plugin's container usually has the
+// same PID (1), and when it registered the old plugin's socket path again
+// before the kubelet had noticed the old stream end, the device manager
+// refused it as "already connected", dropped both clients of that path and
+// never disconnected the old endpoint, refusing every later registration of
+// the path.
+func (p *Plugin) socketName(round int) string {
+	return fmt.Sprintf("%s%s-%d.sock", p.socketPrefix(), p.instance, round)
+}
+
+// socketPrefix is what every plugin's socket name for the resource starts with.
+func (p *Plugin) socketPrefix() string {
+	return "gpuslice-" + socketSafe(p.cfg.ResourceName) + "-"
 }
 
 // socketSafe turns a resource name into a file-name fragment.

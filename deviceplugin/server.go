@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
@@ -137,4 +141,37 @@ func (e *endpoint) Allocate(ctx context.Context, req *pluginapi.AllocateRequest)
 // refuses the start; see allocator.preStart.
 func (e *endpoint) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
 	return e.alloc.preStart(ctx, req)
+}
+
+// removeDeadSockets removes the sockets in dir whose names start with
+// prefix and that nothing listens on any more: those of a plugin that was
+// killed before it could remove its own. Each plugin names its sockets
+// apart (Plugin.socketName), so without this a node whose plugin crashes
+// now and then would collect them. A socket that answers, or whose state
+// cannot be told, is left alone: it may be a plugin still shutting down.
+func removeDeadSockets(logger klog.Logger, dir, prefix string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		logger.Info("Cannot list the device-plugin folder for dead sockets", "dir", dir, "err", err)
+		return
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) || !strings.HasSuffix(e.Name(), ".sock") || e.Type()&os.ModeSocket == 0 {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			_ = conn.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			logger.Info("Cannot remove a dead plugin socket", "socket", path, "err", err)
+			continue
+		}
+		logger.Info("Removed a dead plugin socket", "socket", path)
+	}
 }
