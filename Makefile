@@ -71,13 +71,18 @@ prometheus: ## Install Prometheus and promtool (the distribution's package, unpa
 	./hack/install-prometheus.sh
 
 .PHONY: test
-test: cluster runtime prometheus ## The test command: unit tests, real kubelet/API server tests, the chart's alert tests (promtool), the e2e scenarios (one on containerd and runc) and a 2-minute chaos soak on a local cluster, all with -race.
+test: cluster runtime prometheus ## The test command: unit tests, real kubelet/API server tests, the chart's alert tests (promtool), the e2e scenarios (one on containerd and runc, one with Prometheus) and a 2-minute chaos soak on a local cluster, all with -race.
 	go test -race -count=1 ./...
 	cd test && SOAK_MINUTES=2 go test -race -count=1 -timeout 25m ./...
 
 .PHONY: e2e
 e2e: cluster runtime prometheus ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
+
+.PHONY: e2e-monitoring
+e2e-monitoring: cluster prometheus ## Only the chart's monitoring: the alert unit tests (promtool) and every dashboard panel and alert queried from a real Prometheus scraping a local cluster (root).
+	cd test && go test -race -count=1 -timeout 10m -v -run '^(TestAlertRules|TestPrometheusConfig)$$' ./chart/
+	cd test && go test -race -count=1 -timeout 10m -v -run '^TestMonitoring' ./e2e/
 
 # make e2e-runtime: GPU pods created at once in its sharing scenario (16 slices between 2 nodes).
 RUNTIME_PODS ?= 60
@@ -128,7 +133,7 @@ bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through ku
 	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) FGD_CPU_TASKS=$(FGD_CPU_TASKS) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
-demo: cluster build ## Start a 2-node fake-GPU cluster with sample pods, print kubectl gpuslice status and the KUBECONFIG (root).
+demo: cluster build prometheus ## Start a 2-node fake-GPU cluster with sample pods and a Prometheus scraping it, print kubectl gpuslice status, the KUBECONFIG and the Prometheus URL (root).
 	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) up
 
 .PHONY: demo-dra

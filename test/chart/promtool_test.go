@@ -90,7 +90,7 @@ func TestAlertRules(t *testing.T) {
 	if err := os.WriteFile(rulesPath, rules, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(testsPath, tests, 0o600); err != nil {
+	if err := os.WriteFile(testsPath, tests, 0o600); err != nil { //nolint:gosec // G703: a file of the test's own temporary folder
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
