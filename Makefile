@@ -66,14 +66,23 @@ cluster: ## Build the local cluster's binaries into _output/cluster/bin (first t
 runtime: ## Install the real runtime of the local cluster into _output/runtime: runc, busybox-static (apt-get), containerd v2.4.2 (first time ~4 min).
 	./hack/install-runtime.sh
 
+.PHONY: prometheus
+prometheus: ## Install Prometheus and promtool (the distribution's package, unpacked, no system install) into _output/prometheus: the alert tests, the monitoring e2e test and make demo use it (seconds).
+	./hack/install-prometheus.sh
+
 .PHONY: test
-test: cluster runtime ## The test command: unit tests, real kubelet/API server tests, the e2e scenarios (one on containerd and runc) and a 2-minute chaos soak on a local cluster, all with -race.
+test: cluster runtime prometheus ## The test command: unit tests, real kubelet/API server tests, the chart's alert tests (promtool), the e2e scenarios (one on containerd and runc, one with Prometheus) and a 2-minute chaos soak on a local cluster, all with -race.
 	go test -race -count=1 ./...
 	cd test && SOAK_MINUTES=2 go test -race -count=1 -timeout 25m ./...
 
 .PHONY: e2e
-e2e: cluster runtime ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
+e2e: cluster runtime prometheus ## Run only the end-to-end scenarios on a local cluster of real processes (root; CI=true fails instead of skipping).
 	cd test && go test -race -count=1 -timeout 15m -v ./e2e/... ./cluster/... ./fakecri/...
+
+.PHONY: e2e-monitoring
+e2e-monitoring: cluster prometheus ## Only the chart's monitoring: the alert unit tests (promtool) and every dashboard panel and alert queried from a real Prometheus scraping a local cluster (root).
+	cd test && go test -race -count=1 -timeout 10m -v -run '^(TestAlertRules|TestPrometheusConfig)$$' ./chart/
+	cd test && go test -race -count=1 -timeout 10m -v -run '^TestMonitoring' ./e2e/
 
 # make e2e-runtime: GPU pods created at once in its sharing scenario (16 slices between 2 nodes).
 RUNTIME_PODS ?= 60
@@ -124,7 +133,7 @@ bench-fgd: cluster ## Replay the FGD trace (../shared/data/fgd-trace) through ku
 	cd test && FGD_SEED=$(FGD_SEED) FGD_POLICY=$(FGD_POLICY) FGD_CPU_TASKS=$(FGD_CPU_TASKS) SCALE_CHART_SET=$(SCALE_CHART_SET) go test -count=1 -timeout 150m -run '^TestReplayFGD$$' -v ./scale/
 
 .PHONY: demo
-demo: cluster build ## Start a 2-node fake-GPU cluster with sample pods, print kubectl gpuslice status and the KUBECONFIG (root).
+demo: cluster build prometheus ## Start a 2-node fake-GPU cluster with sample pods and a Prometheus scraping it, print kubectl gpuslice status, the KUBECONFIG and the Prometheus URL (root).
 	cd test && go run ./cmd/gpuslice-demo --cli-dir ../$(BIN) up
 
 .PHONY: demo-dra
@@ -157,7 +166,7 @@ update: ## Rewrite generated files: gofmt, go mod tidy, replace block, golden fi
 	cd test && go test ./chart/ -run 'Golden' -update
 
 .PHONY: verify
-verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block drift, stale golden files (chart renders too) and helm lint; needs make cluster.
+verify: tools prometheus ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block drift, stale golden files (chart renders too), helm lint and promtool check rules; needs make cluster.
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n "$$bad" ]]; then echo "gofmt needed: $$bad"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && go vet ./... && go mod tidy -diff) || { echo "go vet or go mod tidy drift in $$m (run make update)"; exit 1; }; done
 	./test/hack/gen-replace.sh --verify
@@ -166,6 +175,10 @@ verify: tools ## Fail on gofmt, go vet, lint, go mod tidy drift, replace-block d
 	@# Lint renders without a cluster: the chart then needs a webhook certificate made once.
 	$(OUT)/cluster/bin/helm lint --strict --kube-version 1.37.2 charts/gpuslice -f test/chart/testdata/webhook-tls.yaml
 	cd test && CI=true go test -count=1 -run 'Golden' ./chart/
+	@# The chart's alerting rules as its PrometheusRule renders them: spec.groups, as a rule file.
+	$(OUT)/cluster/bin/helm template gpuslice charts/gpuslice --namespace gpuslice-system --kube-version 1.37.2 -f test/chart/testdata/webhook-tls.yaml \
+		--set prometheusRule.enabled=true --show-only templates/prometheusrule.yaml | sed -n '/^spec:$$/,$$p' | sed '1d; s/^  //' >$(OUT)/prometheus/gpuslice-rules.yaml
+	$(OUT)/prometheus/usr/bin/promtool check rules $(OUT)/prometheus/gpuslice-rules.yaml
 	$(MAKE) lint
 
 .PHONY: clean

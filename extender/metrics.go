@@ -151,6 +151,9 @@ func newMetrics(s *Scheduler, reg *prometheus.Registry) (*metrics, error) {
 			return nil, fmt.Errorf("extender: metrics: %w", err)
 		}
 		m.requests[verb], m.durations[verb] = c, d
+		// Each verb's histogram exists from the start, so that rate() sees the first
+		// requests after a restart (a series born with them starts at their count).
+		durations.WithLabelValues(verb)
 	}
 	set, err := registry.Register(reg, requests, durations, binds, retries, leader, bindPodReads, staleReleased, inDoubt, &stateCollector{s: s}, &registrationCollector{s: s}, &pendingCollector{s: s})
 	if err != nil {

@@ -55,31 +55,32 @@ func TestMetrics(t *testing.T) {
 		MetricRequests, MetricRequestDuration+"_count", MetricBinds, MetricBindsInDoubt, MetricFilterRejections,
 		MetricGPUMemoryAllocated, MetricGPUCoresAllocated, MetricGPUSlicesAllocated, MetricGPUMemorySchedulable)
 	want := map[string]float64{
-		`gpuslice_extender_requests_total{code="200",verb="filter"}`:             2,
-		`gpuslice_extender_requests_total{code="400",verb="filter"}`:             1,
-		`gpuslice_extender_requests_total{code="200",verb="bind"}`:               3,
-		`gpuslice_extender_requests_total{code="200",verb="prioritize"}`:         1,
-		`gpuslice_extender_request_duration_seconds_count{verb="filter"}`:        3,
-		`gpuslice_extender_request_duration_seconds_count{verb="bind"}`:          3,
-		`gpuslice_extender_request_duration_seconds_count{verb="prioritize"}`:    1,
-		`gpuslice_extender_binds_total{result="success"}`:                        1,
-		`gpuslice_extender_binds_total{result="unfit"}`:                          1,
-		`gpuslice_extender_binds_total{result="error"}`:                          1,
-		`gpuslice_extender_binds_total{result="overloaded"}`:                     0,
-		`gpuslice_extender_binds_total{result="not_synced"}`:                     0,
-		`gpuslice_extender_binds_total{result="in_doubt"}`:                       0,
-		`gpuslice_extender_binds_in_doubt`:                                       0,
-		`gpuslice_extender_filter_rejections_total{reason="NoHeartbeat"}`:        1,
-		`gpuslice_extender_filter_rejections_total{reason="NodeUnknown"}`:        1,
-		`gpuslice_extender_filter_rejections_total{reason="InsufficientMemory"}`: 1,
-		`gpuslice_gpu_memory_allocated_mib{gpu="n1-GPU-0",node="n1"}`:            4096,
-		`gpuslice_gpu_memory_allocated_mib{gpu="n2-GPU-0",node="n2"}`:            0,
-		`gpuslice_gpu_cores_allocated_percent{gpu="n1-GPU-0",node="n1"}`:         10,
-		`gpuslice_gpu_cores_allocated_percent{gpu="n2-GPU-0",node="n2"}`:         0,
-		`gpuslice_gpu_slices_allocated{gpu="n1-GPU-0",node="n1"}`:                1,
-		`gpuslice_gpu_slices_allocated{gpu="n2-GPU-0",node="n2"}`:                0,
-		`gpuslice_gpu_memory_schedulable_mib{gpu="n1-GPU-0",node="n1"}`:          16384,
-		`gpuslice_gpu_memory_schedulable_mib{gpu="n2-GPU-0",node="n2"}`:          20000,
+		`gpuslice_extender_requests_total{code="200",verb="filter"}`:              2,
+		`gpuslice_extender_requests_total{code="400",verb="filter"}`:              1,
+		`gpuslice_extender_requests_total{code="200",verb="bind"}`:                3,
+		`gpuslice_extender_requests_total{code="200",verb="prioritize"}`:          1,
+		`gpuslice_extender_request_duration_seconds_count{verb="filter"}`:         3,
+		`gpuslice_extender_request_duration_seconds_count{verb="bind"}`:           3,
+		`gpuslice_extender_request_duration_seconds_count{verb="prioritize"}`:     1,
+		`gpuslice_extender_request_duration_seconds_count{verb="dra/prioritize"}`: 0,
+		`gpuslice_extender_binds_total{result="success"}`:                         1,
+		`gpuslice_extender_binds_total{result="unfit"}`:                           1,
+		`gpuslice_extender_binds_total{result="error"}`:                           1,
+		`gpuslice_extender_binds_total{result="overloaded"}`:                      0,
+		`gpuslice_extender_binds_total{result="not_synced"}`:                      0,
+		`gpuslice_extender_binds_total{result="in_doubt"}`:                        0,
+		`gpuslice_extender_binds_in_doubt`:                                        0,
+		`gpuslice_extender_filter_rejections_total{reason="NoHeartbeat"}`:         1,
+		`gpuslice_extender_filter_rejections_total{reason="NodeUnknown"}`:         1,
+		`gpuslice_extender_filter_rejections_total{reason="InsufficientMemory"}`:  1,
+		`gpuslice_gpu_memory_allocated_mib{gpu="n1-GPU-0",node="n1"}`:             4096,
+		`gpuslice_gpu_memory_allocated_mib{gpu="n2-GPU-0",node="n2"}`:             0,
+		`gpuslice_gpu_cores_allocated_percent{gpu="n1-GPU-0",node="n1"}`:          10,
+		`gpuslice_gpu_cores_allocated_percent{gpu="n2-GPU-0",node="n2"}`:          0,
+		`gpuslice_gpu_slices_allocated{gpu="n1-GPU-0",node="n1"}`:                 1,
+		`gpuslice_gpu_slices_allocated{gpu="n2-GPU-0",node="n2"}`:                 0,
+		`gpuslice_gpu_memory_schedulable_mib{gpu="n1-GPU-0",node="n1"}`:           16384,
+		`gpuslice_gpu_memory_schedulable_mib{gpu="n2-GPU-0",node="n2"}`:           20000,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
@@ -117,9 +118,10 @@ func TestMetricsRegistry(t *testing.T) {
 		names = append(names, f.GetName())
 	}
 	// Only the bind results, the plain counters, the binds in doubt, the
-	// leader gauge and the pending pods (one series per reason) start at 0;
-	// the vectors appear with their first sample.
-	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBindsInDoubt, MetricBinds, MetricLeader, MetricPendingOldestSecond, MetricPendingPods, MetricRetries, MetricStaleReleased}, names); diff != "" {
+	// leader gauge, the pending pods (one series per reason) and the
+	// request durations (one histogram per verb) start at 0; the other
+	// vectors appear with their first sample.
+	if diff := cmp.Diff([]string{MetricBindPodReads, MetricBindsInDoubt, MetricBinds, MetricLeader, MetricPendingOldestSecond, MetricPendingPods, MetricRequestDuration, MetricRetries, MetricStaleReleased}, names); diff != "" {
 		t.Errorf("metric families before any request (-want +got):\n%s", diff)
 	}
 	_, err = New(testConfig(), Options{Client: fake.NewClientset(), Registry: reg})

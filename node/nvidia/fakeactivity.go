@@ -9,9 +9,18 @@ import (
 // FakeProcess is a compute process on a fake GPU, as NVML lists it.
 type FakeProcess struct {
 	// PID is the process ID in the host's PID namespace.
-	PID int
+	PID int `json:"pid"`
 	// MemoryMiB is the GPU memory the process holds.
-	MemoryMiB int64
+	MemoryMiB int64 `json:"memoryMiB"`
+}
+
+// FakeActivity is what runs on a fake GPU at one moment, as a fault file
+// sets it (FakeFault.Activity): its compute processes and utilisation.
+type FakeActivity struct {
+	// Processes replace the GPU's compute processes; none leaves it idle.
+	Processes []FakeProcess `json:"processes,omitempty"`
+	// UtilizationPercent is the utilisation NVML reports, 0 to 100.
+	UtilizationPercent int `json:"utilizationPercent,omitempty"`
 }
 
 // fakeActivity is what runs on one fake GPU.
@@ -39,6 +48,19 @@ func (f *Fake) SetProcesses(index int, procs ...FakeProcess) error {
 	a.procs = append([]FakeProcess(nil), procs...)
 	f.activity[index] = a
 	return nil
+}
+
+// SetActivity replaces what runs on the GPU at index: SetProcesses and
+// SetUtilization at once. It returns their errors; on an error nothing
+// changes.
+func (f *Fake) SetActivity(index int, a FakeActivity) error {
+	if a.UtilizationPercent < 0 || a.UtilizationPercent > 100 {
+		return fmt.Errorf("fake GPU %d: utilisation %d: must be 0 to 100", index, a.UtilizationPercent)
+	}
+	if err := f.SetProcesses(index, a.Processes...); err != nil {
+		return err
+	}
+	return f.SetUtilization(index, a.UtilizationPercent)
 }
 
 // SetUtilization sets the utilisation NVML reports for the GPU at index,

@@ -32,7 +32,7 @@ const (
 )
 
 // FakeFault is one fault for the fake GPUs, as a file of the fault folder
-// holds it (one JSON object): exactly one of XID and Reset is set.
+// holds it (one JSON object): exactly one of XID, Reset and Activity is set.
 type FakeFault struct {
 	// GPU is the NVML index of the fake GPU, from 0.
 	GPU int `json:"gpu"`
@@ -42,23 +42,40 @@ type FakeFault struct {
 	XID uint64 `json:"xid,omitempty"`
 	// Reset resets the GPU (ResetGPU), as nvidia-smi --gpu-reset would.
 	Reset bool `json:"reset,omitempty"`
+	// Activity replaces what runs on the GPU (SetActivity): processes that
+	// hold its memory (a container's, once the plugin's procDir maps their
+	// PIDs to it) and its utilisation. Not a fault, but the same way in.
+	Activity *FakeActivity `json:"activity,omitempty"`
 }
 
 // Validate says whether f names one fault.
 func (f FakeFault) Validate() error {
+	kinds := 0
+	for _, set := range []bool{f.XID != 0, f.Reset, f.Activity != nil} {
+		if set {
+			kinds++
+		}
+	}
 	switch {
 	case f.GPU < 0:
 		return fmt.Errorf("fault gpu %d: must be a GPU index, 0 or more", f.GPU)
-	case (f.XID != 0) == f.Reset:
-		return fmt.Errorf(`fault {"gpu": %d, "xid": %d, "reset": %t}: set exactly one of "xid" (an XID number above 0) and "reset" (true)`, f.GPU, f.XID, f.Reset)
+	case kinds != 1:
+		return fmt.Errorf(`fault {"gpu": %d, "xid": %d, "reset": %t, "activity": %s}: set exactly one of "xid" (an XID number above 0), "reset" (true) and "activity" (an object)`,
+			f.GPU, f.XID, f.Reset, map[bool]string{true: "{…}", false: "null"}[f.Activity != nil])
+	case f.Activity != nil && (f.Activity.UtilizationPercent < 0 || f.Activity.UtilizationPercent > 100):
+		return fmt.Errorf("fault gpu %d: activity utilizationPercent %d: must be 0 to 100", f.GPU, f.Activity.UtilizationPercent)
 	}
 	return nil
 }
 
-// String names the fault: "XID 48 on GPU 1" or "reset of GPU 1".
+// String names the fault: "XID 48 on GPU 1", "reset of GPU 1" or
+// "activity on GPU 1 (2 processes, 60%)".
 func (f FakeFault) String() string {
-	if f.Reset {
+	switch {
+	case f.Reset:
 		return fmt.Sprintf("reset of GPU %d", f.GPU)
+	case f.Activity != nil:
+		return fmt.Sprintf("activity on GPU %d (%d processes, %d%%)", f.GPU, len(f.Activity.Processes), f.Activity.UtilizationPercent)
 	}
 	return fmt.Sprintf("XID %d on GPU %d", f.XID, f.GPU)
 }
@@ -110,7 +127,8 @@ type FaultOptions struct {
 // to f until ctx ends, so that a test can break and reset the GPUs of a
 // running --fake-gpus plugin from outside its process. It reads the folder
 // at once and then every Interval, and applies each "*.json" file in name
-// order: an XID is injected and a reset done, then the file is removed. An
+// order: an XID is injected, a reset done or the activity set, then the
+// file is removed. An
 // XID for a GPU no event set watches yet (the health watcher is starting)
 // stays in the folder and is tried again at the next read, so a fault
 // written while the plugin was down reaches it once it watches. A file that
@@ -186,13 +204,16 @@ func (f *Fake) applyFault(path string) (FakeFault, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&fault); err != nil {
-		return fault, fmt.Errorf(`fault file %s: %w; want one JSON object {"gpu": INDEX, "xid": N} or {"gpu": INDEX, "reset": true}`, filepath.Base(path), err)
+		return fault, fmt.Errorf(`fault file %s: %w; want one JSON object {"gpu": INDEX, "xid": N}, {"gpu": INDEX, "reset": true} or {"gpu": INDEX, "activity": {"processes": [{"pid": PID, "memoryMiB": MIB}], "utilizationPercent": P}}`, filepath.Base(path), err)
 	}
 	if err := fault.Validate(); err != nil {
 		return fault, fmt.Errorf("fault file %s: %w", filepath.Base(path), err)
 	}
-	if fault.Reset {
+	switch {
+	case fault.Reset:
 		return fault, f.ResetGPU(fault.GPU)
+	case fault.Activity != nil:
+		return fault, f.SetActivity(fault.GPU, *fault.Activity)
 	}
 	return fault, f.InjectXID(fault.GPU, fault.XID)
 }

@@ -145,9 +145,38 @@ func TestFaultFolderRetriesAndRejects(t *testing.T) {
 	}
 }
 
+// TestFaultFolderSetsActivity: an activity file replaces what runs on a
+// fake GPU, as the Backend then reads it; a later one replaces it again.
+func TestFaultFolderSetsActivity(t *testing.T) {
+	f := newFixture(t, "2xA100-80GB")
+	dir := t.TempDir()
+	clk := serveFaults(f.ctx, t, f.fake, dir)
+	used := writeFault(t, dir, FakeFault{GPU: 1, Activity: &FakeActivity{Processes: []FakeProcess{{PID: 4242, MemoryMiB: 12288}}, UtilizationPercent: 60}})
+	scanAgain(t, clk)
+	waitFor(t, "activity file applied", func() bool { return gone(used) })
+	got, err := f.b.Activity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []vgpu.GPUActivity{
+		{UUID: FakeUUID(testNode, 0)},
+		{UUID: FakeUUID(testNode, 1), MemoryUsedMiB: 12288, UtilizationPercent: 60, Processes: []vgpu.ProcessUsage{{PID: 4242, MemoryMiB: 12288}}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Activity after the activity file (-want +got):\n%s", diff)
+	}
+	idle := writeFault(t, dir, FakeFault{GPU: 1, Activity: &FakeActivity{}})
+	scanAgain(t, clk)
+	waitFor(t, "idle file applied", func() bool { return gone(idle) })
+	if got, err := f.b.Activity(); err != nil || got[1].MemoryUsedMiB != 0 || len(got[1].Processes) != 0 {
+		t.Errorf("Activity after an empty activity = %+v, %v; want GPU 1 idle", got, err)
+	}
+}
+
 func TestWriteFakeFaultValidates(t *testing.T) {
 	dir := t.TempDir()
-	for _, fault := range []FakeFault{{GPU: 0}, {GPU: -1, XID: 13}, {GPU: 0, XID: 13, Reset: true}} {
+	for _, fault := range []FakeFault{{GPU: 0}, {GPU: -1, XID: 13}, {GPU: 0, XID: 13, Reset: true},
+		{GPU: 0, XID: 13, Activity: &FakeActivity{}}, {GPU: 0, Activity: &FakeActivity{UtilizationPercent: 101}}} {
 		if _, err := WriteFakeFault(dir, fault); err == nil || !strings.Contains(err.Error(), "fault") {
 			t.Errorf("WriteFakeFault(%+v) = %v; want an error naming the fault", fault, err)
 		}

@@ -13,6 +13,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpuslice/gpuslice/test/monitoring"
 )
 
 // DefaultReadyTimeout bounds each readiness wait of Start when Options.ReadyTimeout is zero.
@@ -76,6 +78,9 @@ type Options struct {
 	Runtime *RuntimeOptions
 	// ReadyTimeout bounds each readiness wait; zero means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Prometheus, when set, runs a Prometheus scraping the components as the chart's
+	// ServiceMonitors say, once every node is up (PrometheusOptions, PrometheusURL).
+	Prometheus *PrometheusOptions
 	// StopWithParent has the kernel kill every component (SIGKILL) when the process that started
 	// it dies, so that a test binary killed by its -timeout leaves nothing running (its folder
 	// stays). Leave it false for a cluster that outlives its starter, as the demo's does.
@@ -117,6 +122,9 @@ type State struct {
 	// real runtime; empty when those run as host processes.
 	SchedulerPod string `json:"schedulerPod,omitempty"`
 	WebhookPod   string `json:"webhookPod,omitempty"`
+	// PrometheusPort is the loopback port of the cluster's Prometheus (Options.Prometheus); 0
+	// when none runs.
+	PrometheusPort int `json:"prometheusPort,omitempty"`
 	// Processes are the running components in start order; Stop stops them in reverse.
 	Processes []*Process `json:"processes"`
 	// Nodes are the simulated nodes' settings and folders.
@@ -139,15 +147,18 @@ type Cluster struct {
 	readyTimeout   time.Duration
 	stopWithParent bool
 	client         kubernetes.Interface
-	chart          *chartRelease // nil unless started with Options.Chart
-	proxy          *APIProxy     // nil unless started with Options.APIProxy
+	chart          *chartRelease     // nil unless started with Options.Chart
+	prometheus     bool              // started with Options.Prometheus: plugins serve their metrics
+	monitoring     *monitoring.Chart // what Prometheus runs with; nil without one
+	proxy          *APIProxy         // nil unless started with Options.APIProxy
 }
 
 // Start starts etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler (stock and
 // gpuslice profiles) and every node of opts and waits for each to be ready: the API server's
 // /readyz, the extender's /readyz, the API server calling the webhook, every Node Ready without
 // the not-ready taint, and every node's device plugin registered (label hami.io/gpu.ready=true);
-// with a chart on a real runtime, also every pod of the chart Ready by its probes. ctx bounds the
+// with a chart on a real runtime, also every pod of the chart Ready by its probes; with
+// Options.Prometheus, Prometheus ready and every target scraped once. ctx bounds the
 // start; the processes outlive it and run until Stop. On error everything started is stopped
 // again and the error carries the tail of every log.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
@@ -172,6 +183,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if c.State.WebhookPath = opts.WebhookPath; c.State.WebhookPath == "" {
 		c.State.WebhookPath = filepath.Join(c.State.BinDir, WebhookName)
+	}
+	if opts.Prometheus != nil {
+		if opts.Chart != nil || opts.Runtime != nil {
+			return nil, errors.New("prometheus: not with a chart or a real runtime (their components' ports are the chart's)")
+		}
+		c.prometheus = true
 	}
 	if opts.Runtime != nil {
 		rt := *opts.Runtime
@@ -260,7 +277,13 @@ func (c *Cluster) startAll(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	return c.addNodes(ctx, opts.Nodes)
+	if err := c.addNodes(ctx, opts.Nodes); err != nil {
+		return err
+	}
+	if opts.Prometheus != nil {
+		return c.startPrometheus(ctx, *opts.Prometheus)
+	}
+	return nil
 }
 
 // addNodes adds nodes one after another.

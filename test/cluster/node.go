@@ -59,8 +59,9 @@ type NodeState struct {
 	Dir string `json:"dir"`
 	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1.
 	KubeletPort int `json:"kubeletPort"`
-	// PluginDaemonSet is the chart's DaemonSet the plugin was started from, and PluginHealthPort
-	// the loopback port of its /readyz; both empty without a chart.
+	// PluginDaemonSet is the chart's DaemonSet the plugin was started from, empty without a
+	// chart; PluginHealthPort the loopback port of its /readyz and /metrics, with a chart or a
+	// Prometheus (Options.Prometheus), else 0.
 	PluginDaemonSet  string `json:"pluginDaemonSet,omitempty"`
 	PluginHealthPort int    `json:"pluginHealthPort,omitempty"`
 	// PluginPod is the pod the plugin runs in on a real runtime with a chart (Plugin is then
@@ -117,7 +118,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	n := &Node{c: c, NodeState: NodeState{NodeOptions: opts, Dir: filepath.Join(c.State.Dir, opts.Name), KubeletPort: port}}
-	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log"), n.CDISpecDir(), n.FaultsDir()} {
+	for _, d := range []string{n.KubeletRootDir(), filepath.Join(n.Dir, "log"), n.CDISpecDir(), n.FaultsDir(), n.ProcDir()} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("node %s: create folder: %w", n.Name, err)
 		}
@@ -136,6 +137,14 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	}
 	if err := n.StartKubelet(ctx); err != nil {
 		return nil, err
+	}
+	if c.prometheus && !opts.DRA {
+		if n.PluginHealthPort, err = pluginHealthPort(opts.PluginArgs); err != nil {
+			return nil, err
+		}
+		c.mu.Lock()
+		c.State.Nodes[len(c.State.Nodes)-1] = n.NodeState
+		c.mu.Unlock()
 	}
 	if !opts.NoPlugin {
 		if err := n.StartPlugin(); err != nil {
@@ -156,6 +165,11 @@ func (n *Node) CDISpecDir() string {
 	}
 	return filepath.Join(n.Dir, "cdi")
 }
+
+// ProcDir returns the folder the node's device plugin reads processes' cgroups from instead of
+// the host's /proc (--proc-dir; not with a chart): the fake GPUs' processes are not the host's,
+// so SetGPUProcesses writes their <pid>/cgroup files here.
+func (n *Node) ProcDir() string { return filepath.Join(n.Dir, "proc") }
 
 // FaultsDir returns the folder the node's device plugin takes fake GPU faults from
 // (--fake-gpu-faults-dir; see nvidia.WriteFakeFault). Not used with a chart.
@@ -333,8 +347,12 @@ func (n *Node) StartPlugin() error {
 		"--pod-resources-socket=" + n.PodResourcesSocket(),
 		"--cdi-spec-dir=" + n.CDISpecDir(),
 		"--fake-gpu-faults-dir=" + n.FaultsDir(),
+		"--proc-dir=" + n.ProcDir(),
 		"--kubeconfig=" + n.c.State.Kubeconfig,
 		"--v=2",
+	}
+	if n.PluginHealthPort != 0 {
+		args = append(args, "--health-address=127.0.0.1:"+strconv.Itoa(n.PluginHealthPort))
 	}
 	p, err := n.c.start(n.Name+"/device-plugin", n.c.State.PluginPath, append(args, n.PluginArgs...), n.Dir)
 	if err != nil {

@@ -2,6 +2,8 @@ package fakecri
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -104,12 +106,31 @@ func (s *Server) Stop() {
 	}
 }
 
-// CreateContainer records the request, then creates the container in the upstream fake.
+// CreateContainer records the request, then creates the container in the upstream fake under an
+// ID of 64 hex digits, as containerd's and CRI-O's are (the upstream fake names it
+// "<sandbox>_<name>_<attempt>"): the device plugin finds a container by such an ID in a
+// process's cgroup path, and the kubelet puts it in the pod's status.
 func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	if err := s.record(req); err != nil {
 		return nil, err
 	}
-	return s.RemoteRuntime.CreateContainer(ctx, req)
+	resp, err := s.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(resp.GetContainerId()))
+	id := hex.EncodeToString(sum[:])
+	rs := s.RuntimeService
+	rs.Lock()
+	defer rs.Unlock()
+	c, ok := rs.Containers[resp.GetContainerId()]
+	if !ok {
+		return nil, fmt.Errorf("fake CRI: container %s vanished as it was created", resp.GetContainerId())
+	}
+	delete(rs.Containers, resp.GetContainerId())
+	c.Id = id
+	rs.Containers[id] = c
+	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
 }
 
 // record appends req as one Record line.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,40 @@ func TestCreateContainerIsRecorded(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, withoutCreated(t, got)); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
+
+// TestContainerIDs checks that containers get IDs of 64 hex digits, as containerd's, and that the
+// other CRI calls the kubelet makes find them by it.
+func TestContainerIDs(t *testing.T) {
+	client, sandboxID, sandboxCfg := startServer(t, filepath.Join(t.TempDir(), "records.jsonl"), Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	created, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+		PodSandboxId:  sandboxID,
+		SandboxConfig: sandboxCfg,
+		Config:        &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "c"}, Image: &runtimeapi.ImageSpec{Image: "img"}},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	id := created.GetContainerId()
+	if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(id) {
+		t.Fatalf("container ID %q, want 64 hex digits", id)
+	}
+	if _, err := client.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatalf("StartContainer(%s): %v", id, err)
+	}
+	st, err := client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil || st.GetStatus().GetId() != id || st.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("ContainerStatus(%s) = %v, %v; want it running under that ID", id, st.GetStatus(), err)
+	}
+	list, err := client.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil || len(list.GetContainers()) != 1 || list.GetContainers()[0].GetId() != id {
+		t.Fatalf("ListContainers = %v, %v; want the one container %s", list.GetContainers(), err, id)
+	}
+	if _, err := client.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+		t.Fatalf("RemoveContainer(%s): %v", id, err)
 	}
 }
 

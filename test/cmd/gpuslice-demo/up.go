@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,60 +16,35 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpuslice/gpuslice/test/cluster"
+	"github.com/gpuslice/gpuslice/test/demo"
+	"github.com/gpuslice/gpuslice/test/monitoring"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
 
-// draNodeLabel is the label of the demo's DRA-mode node, as the chart's dra.nodeSelector.
-var draNodeLabel = map[string]string{vgpu.LabelNodeMode: vgpu.NodeModeDRA}
+// demoScrapeInterval is how often the demo's Prometheus scrapes: faster than the chart's 30s, so
+// that a newcomer sees the figures move.
+const demoScrapeInterval = 5 * time.Second
 
-// demoNodes returns the demo's simulated GPU nodes; with dra, a third node in DRA mode.
-func demoNodes(dra bool) []cluster.NodeOptions {
-	nodes := []cluster.NodeOptions{
-		{Name: "gpu-a100", FakeGPUs: "8xA100-80GB"},
-		{Name: "gpu-mixed", FakeGPUs: "4xT4-16GB,2xL4-24GB"},
+// findChart returns charts/gpuslice in the working directory or its first parent that has it.
+func findChart() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
 	}
-	if dra {
-		nodes = append(nodes, cluster.NodeOptions{Name: "gpu-dra", FakeGPUs: "2xA100-80GB", DRA: true, Labels: draNodeLabel})
-	}
-	return nodes
-}
-
-// samplePod is one of the demo's pods: its name, GPU memory (MiB), compute percent, GPU model
-// filter, or a number of whole GPUs instead of a slice.
-type samplePod struct {
-	name      string
-	memoryMiB int64
-	cores     int64
-	model     string
-	wholeGPUs int64
-	// dra makes the pod select the DRA-mode node: the webhook turns it into a claim.
-	dra bool
-}
-
-// samplePods returns the demo's pods: slices of several sizes that share GPUs, one pinned to a
-// model, and one whole-GPU pod beside them.
-func samplePods(dra bool) []samplePod {
-	if dra {
-		return append(samplePods(false),
-			samplePod{name: "dra-train-0", memoryMiB: 40960, cores: 50, dra: true},
-			samplePod{name: "dra-infer-0", memoryMiB: 10240, cores: 20, model: "A100", dra: true})
-	}
-	return []samplePod{
-		{name: "train-0", memoryMiB: 40960, cores: 50},
-		{name: "train-1", memoryMiB: 40960, cores: 50},
-		{name: "infer-0", memoryMiB: 10240, cores: 20},
-		{name: "infer-1", memoryMiB: 10240, cores: 20},
-		{name: "infer-2", memoryMiB: 10240, cores: 20},
-		{name: "notebook-0", memoryMiB: 4096, model: "T4"},
-		{name: "notebook-1", memoryMiB: 4096, model: "T4"},
-		{name: "exclusive-0", wholeGPUs: 1, model: "L4"},
+	for {
+		candidate := filepath.Join(dir, "charts", "gpuslice")
+		if _, err := os.Stat(filepath.Join(candidate, "Chart.yaml")); err == nil {
+			return candidate, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("charts/gpuslice not found in the working directory or a parent (run the demo from the repository)")
+		}
+		dir = parent
 	}
 }
 
@@ -82,8 +58,18 @@ func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string, dra bool
 		return fmt.Errorf("check for a running demo: %w", err)
 	}
 	began := time.Now()
-	fmt.Fprintf(out, "starting etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler and %d GPU nodes in %s ...\n", len(demoNodes(dra)), dir)
-	opts := cluster.Options{Dir: dir, BinDir: binDir, Nodes: demoNodes(dra)}
+	fmt.Fprintf(out, "starting etcd, kube-apiserver, the gpuslice extender and webhook, kube-scheduler and %d GPU nodes in %s ...\n", len(demo.Nodes(dra)), dir)
+	opts := cluster.Options{Dir: dir, BinDir: binDir, Nodes: demo.Nodes(dra)}
+	// A Prometheus scraping the cluster as the chart's ServiceMonitors say, with the chart's
+	// alerts, when make prometheus installed one.
+	install, promErr := monitoring.FindInstall()
+	if promErr == nil {
+		chartDir, err := findChart()
+		if err != nil {
+			return err
+		}
+		opts.Prometheus = &cluster.PrometheusOptions{Install: install, ChartDir: chartDir, ScrapeInterval: demoScrapeInterval}
+	}
 	if dra {
 		// The resourceclaim controller makes the claims; the webhook turns the pods that select
 		// the DRA node into claims.
@@ -102,7 +88,7 @@ func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string, dra bool
 	if err := printNodes(ctx, out, c); err != nil {
 		return err
 	}
-	if err := runSamplePods(ctx, c, samplePods(dra)); err != nil {
+	if err := demo.RunSamplePods(ctx, c, demo.SamplePods(dra)); err != nil {
 		return fmt.Errorf("%w\n(the cluster is still up: \"gpuslice-demo down\" stops it)\n%s", err, c.LogTails(20))
 	}
 	if err := printPods(ctx, out, c); err != nil {
@@ -122,6 +108,12 @@ func up(ctx context.Context, out io.Writer, dir, binDir, cliDir string, dra bool
 	fmt.Fprintf(out, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get nodes,pods -o wide\n", c.State.Kubeconfig, kubectl)
 	if cliDir != "" {
 		fmt.Fprintf(out, "  export PATH=%s:$PATH  # kubectl-gpuslice, the kubectl plugin\n  %s gpuslice status|doctor|why POD\n", cliDir, kubectl)
+	}
+	if url := c.PrometheusURL(); url != "" {
+		fmt.Fprintf(out, "Prometheus, scraping every component as the chart's ServiceMonitors say (every %v), with the chart's alerts:\n  %s\n", demoScrapeInterval, url)
+		fmt.Fprintf(out, "  %s/classic/graph?g0.expr=%s&g0.tab=1  (GPU memory allocated per GPU)\n  %s/classic/alerts\n", url, neturl.QueryEscape("max by (node, gpu) (gpuslice_gpu_memory_allocated_mib)"), url)
+	} else {
+		fmt.Fprintf(out, "No Prometheus (make prometheus installs one, and make demo then starts it): %v\n", promErr)
 	}
 	fmt.Fprintf(out, "Logs are under %s. Stop everything with: make demo-down\n", dir)
 	return nil
@@ -158,61 +150,6 @@ func printNodes(ctx context.Context, out io.Writer, c *cluster.Cluster) error {
 	}
 	fmt.Fprintln(w)
 	return w.Flush()
-}
-
-// pod returns sp as a Pod. The webhook fills in hami.io/gpu: 1 for slices and the scheduler name.
-func (sp samplePod) pod() *corev1.Pod {
-	limits := corev1.ResourceList{}
-	if sp.wholeGPUs > 0 {
-		limits[vgpu.ResourceGPU] = *resource.NewQuantity(sp.wholeGPUs, resource.DecimalSI)
-	} else {
-		limits[vgpu.ResourceMemory] = *resource.NewQuantity(sp.memoryMiB, resource.DecimalSI)
-	}
-	if sp.cores > 0 {
-		limits[vgpu.ResourceCores] = *resource.NewQuantity(sp.cores, resource.DecimalSI)
-	}
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: sp.name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": "gpuslice-demo"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name:      "cuda",
-			Image:     "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-			Resources: corev1.ResourceRequirements{Limits: limits},
-		}}},
-	}
-	if sp.model != "" {
-		p.Annotations = map[string]string{vgpu.AnnotationGPUModel: sp.model}
-	}
-	if sp.dra {
-		p.Spec.NodeSelector = draNodeLabel
-	}
-	return p
-}
-
-// runSamplePods creates the sample pods and waits until all are Running.
-func runSamplePods(ctx context.Context, c *cluster.Cluster, samples []samplePod) error {
-	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
-	for _, sp := range samples {
-		if _, err := pods.Create(ctx, sp.pod(), metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create pod %s: %w", sp.name, err)
-		}
-	}
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: "app=gpuslice-demo"})
-		if err != nil {
-			return false, nil
-		}
-		running := 0
-		for _, p := range list.Items {
-			if p.Status.Phase == corev1.PodRunning {
-				running++
-			}
-		}
-		return running == len(samples), nil
-	})
-	if err != nil {
-		return fmt.Errorf("wait for the sample pods to run: %w", err)
-	}
-	return nil
 }
 
 // printPods prints, per container, the GPUs and limits the container runtime was given (read from
