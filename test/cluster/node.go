@@ -38,6 +38,11 @@ type NodeOptions struct {
 	// PluginArgs are extra device-plugin flags, e.g. "--split-count=4"; with a chart they come
 	// after the DaemonSet's arguments and override them.
 	PluginArgs []string `json:"pluginArgs,omitempty"`
+	// PluginProbes has the device plugin serve its probes and /metrics on a loopback port
+	// picked just before it starts (NodeState.PluginHealthPort), so that no other component of
+	// the cluster takes the port between the pick and the plugin's start. Always so with
+	// Options.Prometheus; not with a chart (its port is the chart's) or DRA.
+	PluginProbes bool `json:"pluginProbes,omitempty"`
 	// DRA serves the node's GPUs with gpuslice's DRA driver instead of the device plugin.
 	DRA bool `json:"dra,omitempty"`
 	// NoPlugin leaves the device plugin stopped: start it with Node.StartPlugin.
@@ -138,7 +143,7 @@ func (c *Cluster) AddNode(ctx context.Context, opts NodeOptions) (*Node, error) 
 	if err := n.StartKubelet(ctx); err != nil {
 		return nil, err
 	}
-	if c.prometheus && !opts.DRA {
+	if (c.prometheus || opts.PluginProbes) && !opts.DRA && c.chart == nil {
 		if n.PluginHealthPort, err = pluginHealthPort(opts.PluginArgs); err != nil {
 			return nil, err
 		}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -73,11 +72,11 @@ func TestPluginFootprint(t *testing.T) {
 
 // measurePluginFootprint runs TestPluginFootprint's scenario with the plugin binary at path.
 func measurePluginFootprint(t *testing.T, path string) {
-	addr := freeLoopbackAddress(t)
-	opts := clusterOptions(cluster.NodeOptions{Name: "node-1", FakeGPUs: "dgxa100", PluginArgs: []string{"--health-address=" + addr}})
+	opts := clusterOptions(cluster.NodeOptions{Name: "node-1", FakeGPUs: "dgxa100", PluginProbes: true})
 	opts.PluginPath = path
 	c := startClusterWith(t, opts)
 	n := c.Nodes[0]
+	addr := fmt.Sprintf("127.0.0.1:%d", n.PluginHealthPort)
 	registered, _, err := n.Plugin.Memory()
 	if err != nil {
 		t.Fatal(err)
@@ -114,20 +113,6 @@ func measurePluginFootprint(t *testing.T, path string) {
 	if rss/1024 > pluginRSSLimitMiB {
 		t.Errorf("device plugin resident memory %d MiB, want at most %d MiB (target %d MiB)", rss/1024, pluginRSSLimitMiB, pluginRSSTargetMiB)
 	}
-}
-
-// freeLoopbackAddress returns 127.0.0.1:port with a port that was free a moment ago.
-func freeLoopbackAddress(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
 }
 
 // scrapeGauges reads the Prometheus text at url and returns the value of each unlabelled sample

@@ -57,13 +57,14 @@ func sharingRounds(t *testing.T) int {
 // the CDI library. Fake: NVML and the container runtime.
 func TestSixtyPodsGetExactlyTheirOwnSlice(t *testing.T) {
 	nodes := sharingNodes()
-	var metrics []string // the plugins' /metrics URLs
 	for i := range nodes {
-		addr := freeLoopbackAddress(t)
-		metrics = append(metrics, "http://"+addr+"/metrics")
-		nodes[i].PluginArgs = append(nodes[i].PluginArgs, "--health-address="+addr)
+		nodes[i].PluginProbes = true
 	}
 	c := startCluster(t, nodes...)
+	var metrics []string // the plugins' /metrics URLs
+	for _, n := range c.Nodes {
+		metrics = append(metrics, fmt.Sprintf("http://127.0.0.1:%d/metrics", n.PluginHealthPort))
+	}
 	sizes := []int64{4096, 8192, 12288, 16384, 24576, 40960}
 	mismatches := 0
 	for round := range sharingRounds(t) {
@@ -116,14 +117,14 @@ func TestBurstRatio(t *testing.T) {
 		gpu    bool
 	}{{"plain-a", false}, {"gpu-a", true}, {"gpu-b", true}, {"plain-b", false}}
 	var nodes []cluster.NodeOptions
-	metrics := map[string]string{} // node name -> its plugin's /metrics URL
 	for _, b := range order {
-		addr := freeLoopbackAddress(t)
-		name := "node-" + b.prefix
-		metrics[name] = "http://" + addr + "/metrics"
-		nodes = append(nodes, cluster.NodeOptions{Name: name, FakeGPUs: "8xA100-80GB", PluginArgs: []string{"--health-address=" + addr}})
+		nodes = append(nodes, cluster.NodeOptions{Name: "node-" + b.prefix, FakeGPUs: "8xA100-80GB", PluginProbes: true})
 	}
 	c := startCluster(t, nodes...)
+	metrics := map[string]string{} // node name -> its plugin's /metrics URL
+	for _, n := range c.Nodes {
+		metrics[n.Name] = fmt.Sprintf("http://127.0.0.1:%d/metrics", n.PluginHealthPort)
+	}
 	burst := func(prefix, node string, gpu bool) time.Duration {
 		var pods []*corev1.Pod
 		for i := range 40 {
