@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpuslice/gpuslice/test/harness/findup"
 	"github.com/gpuslice/gpuslice/test/monitoring"
 )
 
@@ -428,19 +429,9 @@ func FindBinDir() (string, error) {
 		}
 		return d, nil
 	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("find cluster binaries: %w", err)
+	dir, ok, err := findup.Dir(filepath.Join("_output", "cluster", "bin"), findup.Has("kubelet"))
+	if err != nil || ok {
+		return dir, err
 	}
-	for {
-		candidate := filepath.Join(dir, "_output", "cluster", "bin")
-		if _, err := os.Stat(filepath.Join(candidate, "kubelet")); err == nil {
-			return candidate, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cluster binaries not found in _output/cluster/bin of the working directory or a parent: run hack/build-cluster.sh (or set GPUSLICE_CLUSTER_BIN)")
-		}
-		dir = parent
-	}
+	return "", errors.New("cluster binaries not found in _output/cluster/bin of the working directory or a parent: run hack/build-cluster.sh (or set GPUSLICE_CLUSTER_BIN)")
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuslice/gpuslice/test/harness/findup"
 	"github.com/gpuslice/gpuslice/test/image"
 )
 
@@ -38,21 +39,11 @@ func FindRuntimeDir() (string, error) {
 	if d := os.Getenv("GPUSLICE_RUNTIME_DIR"); d != "" {
 		return d, checkRuntimeDir(d)
 	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("find the container runtime: %w", err)
+	dir, ok, err := findup.Dir(filepath.Join("_output", "runtime"), func(d string) bool { return checkRuntimeDir(d) == nil })
+	if err != nil || ok {
+		return dir, err
 	}
-	for {
-		candidate := filepath.Join(dir, "_output", "runtime")
-		if checkRuntimeDir(candidate) == nil {
-			return candidate, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("containerd not found in _output/runtime of the working directory or a parent: run hack/install-runtime.sh (or set GPUSLICE_RUNTIME_DIR)")
-		}
-		dir = parent
-	}
+	return "", errors.New("containerd not found in _output/runtime of the working directory or a parent: run hack/install-runtime.sh (or set GPUSLICE_RUNTIME_DIR)")
 }
 
 // checkRuntimeDir returns nil when dir holds every binary RuntimeOptions.Dir names and runc is on

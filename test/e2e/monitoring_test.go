@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -22,20 +21,6 @@ import (
 	"github.com/gpuslice/gpuslice/test/monitoring"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
-
-// requirePrometheus returns the Prometheus installation of make prometheus, or skips t when it
-// is missing; with CI=true it fails t instead.
-func requirePrometheus(t *testing.T) monitoring.Install {
-	t.Helper()
-	i, err := monitoring.FindInstall()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("e2e: %v (CI=true: not skipping)", err)
-		}
-		t.Skipf("e2e: %v", err)
-	}
-	return i
-}
 
 // Nodes of TestMonitoringDashboardAndAlerts beside the demo's: one whose plugin is killed, one
 // whose kubelet is.
@@ -63,7 +48,7 @@ const (
 // NVML and the container runtime.
 func TestMonitoringDashboardAndAlerts(t *testing.T) {
 	requireHost(t)
-	install := requirePrometheus(t)
+	install := monitoring.RequireInstall(t)
 	began := time.Now()
 	nodes := append(demo.Nodes(false),
 		cluster.NodeOptions{Name: brokenPluginNode, FakeGPUs: "2xT4-16GB"},

@@ -8,6 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
+
+	"github.com/gpuslice/gpuslice/test/harness/findup"
 )
 
 // Install is a Prometheus installation as hack/install-prometheus.sh leaves it: the
@@ -24,21 +27,25 @@ func FindInstall() (Install, error) {
 		i := Install{Dir: d}
 		return i, i.check()
 	}
-	dir, err := os.Getwd()
+	dir, ok, err := findup.Dir(filepath.Join("_output", "prometheus"), func(d string) bool { return Install{Dir: d}.check() == nil })
+	if err != nil || ok {
+		return Install{Dir: dir}, err
+	}
+	return Install{}, errors.New("prometheus and promtool not found in _output/prometheus of the working directory or a parent: run make prometheus (or set GPUSLICE_PROMETHEUS_DIR)")
+}
+
+// RequireInstall returns FindInstall's installation, or skips t when there is none; with
+// CI=true it fails t instead.
+func RequireInstall(t testing.TB) Install {
+	t.Helper()
+	i, err := FindInstall()
 	if err != nil {
-		return Install{}, fmt.Errorf("find Prometheus: %w", err)
-	}
-	for {
-		i := Install{Dir: filepath.Join(dir, "_output", "prometheus")}
-		if i.check() == nil {
-			return i, nil
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (CI=true: not skipping)", err)
 		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return Install{}, errors.New("prometheus and promtool not found in _output/prometheus of the working directory or a parent: run make prometheus (or set GPUSLICE_PROMETHEUS_DIR)")
-		}
-		dir = parent
+		t.Skip(err)
 	}
+	return i
 }
 
 // check returns nil when both binaries are there.

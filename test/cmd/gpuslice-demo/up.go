@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/test/cluster"
 	"github.com/gpuslice/gpuslice/test/demo"
+	"github.com/gpuslice/gpuslice/test/harness/findup"
 	"github.com/gpuslice/gpuslice/test/monitoring"
 	"github.com/gpuslice/gpuslice/vgpu"
 )
@@ -31,21 +32,11 @@ const demoScrapeInterval = 5 * time.Second
 
 // findChart returns charts/gpuslice in the working directory or its first parent that has it.
 func findChart() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
+	dir, ok, err := findup.Dir(filepath.Join("charts", "gpuslice"), findup.Has("Chart.yaml"))
+	if err != nil || ok {
+		return dir, err
 	}
-	for {
-		candidate := filepath.Join(dir, "charts", "gpuslice")
-		if _, err := os.Stat(filepath.Join(candidate, "Chart.yaml")); err == nil {
-			return candidate, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("charts/gpuslice not found in the working directory or a parent (run the demo from the repository)")
-		}
-		dir = parent
-	}
+	return "", errors.New("charts/gpuslice not found in the working directory or a parent (run the demo from the repository)")
 }
 
 // up starts the cluster in dir, creates the sample pods, waits for them to run and prints a table,
