@@ -115,6 +115,12 @@ func (c *Cluster) installChart(ctx context.Context, opts ChartOptions) error {
 // Helm runs the cluster's helm binary against the cluster with args and returns its combined
 // output. Helm's own folders are kept in the cluster's folder.
 func (c *Cluster) Helm(ctx context.Context, args ...string) (string, error) {
+	out, err := c.helmCommand(ctx, args...).CombinedOutput()
+	return string(out), err
+}
+
+// helmCommand is Helm's command, not yet run, for a caller that reads stdout apart from stderr.
+func (c *Cluster) helmCommand(ctx context.Context, args ...string) *exec.Cmd {
 	home := filepath.Join(c.State.Dir, "helm")
 	cmd := exec.CommandContext(ctx, filepath.Join(c.State.BinDir, "helm"), append(args, "--kubeconfig", c.State.Kubeconfig)...) //nolint:gosec // G204: the cluster's own helm
 	cmd.Env = append(os.Environ(),
@@ -122,8 +128,7 @@ func (c *Cluster) Helm(ctx context.Context, args ...string) (string, error) {
 		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
 		"HELM_DATA_HOME="+filepath.Join(home, "data"),
 	)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return cmd
 }
 
 // readRelease lists the release's workloads, ConfigMaps and Secrets from the API server.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -64,15 +63,9 @@ func (c *Cluster) renderMonitoring(ctx context.Context, chartDir string) (*monit
 	if err != nil {
 		return nil, fmt.Errorf("helm template (monitoring): the API server's version: %w", err)
 	}
-	home := filepath.Join(c.State.Dir, "helm")
-	cmd := exec.CommandContext(ctx, filepath.Join(c.State.BinDir, "helm"), "template", prometheusRelease, chartDir, //nolint:gosec // G204: the cluster's own helm
+	cmd := c.helmCommand(ctx, "template", prometheusRelease, chartDir,
 		"--namespace", prometheusNamespace, "--kube-version", version.GitVersion, "--set", "webhook.certManager.enabled=true",
 		"--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true")
-	cmd.Env = append(os.Environ(),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"),
-	)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

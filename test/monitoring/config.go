@@ -120,7 +120,7 @@ func (c *Chart) Config(pods []Pod, opts ConfigOptions) ([]byte, error) {
 		}
 		for i, ep := range sm.Spec.Endpoints {
 			job := scrapeConfig{
-				JobName:        fmt.Sprintf("serviceMonitor/%s/%s/%d", sm.Namespace, sm.Name, i),
+				JobName:        jobName(sm, i),
 				HonorLabels:    ep.HonorLabels,
 				MetricsPath:    ep.Path,
 				Scheme:         ep.Scheme,
@@ -251,14 +251,9 @@ func operatorRelabelings(sm ServiceMonitor, ep Endpoint) ([]relabelConfig, error
 		relabelConfig{TargetLabel: "endpoint", Replacement: str(ep.Port)},
 	)
 	for _, r := range ep.Relabelings {
-		out = append(out, relabelConfig{
-			SourceLabels: r.SourceLabels,
-			Separator:    r.Separator,
-			TargetLabel:  r.TargetLabel,
-			Regex:        r.Regex,
-			Replacement:  r.Replacement,
-			Action:       strings.ToLower(r.Action),
-		})
+		rc := relabelConfig(r) // the same fields, spelt as a Prometheus configuration spells them
+		rc.Action = strings.ToLower(rc.Action)
+		out = append(out, rc)
 	}
 	return out, nil
 }
@@ -268,9 +263,14 @@ func (c *Chart) Jobs() []string {
 	var out []string
 	for _, sm := range c.ServiceMonitors {
 		for i := range sm.Spec.Endpoints {
-			out = append(out, fmt.Sprintf("serviceMonitor/%s/%s/%d", sm.Namespace, sm.Name, i))
+			out = append(out, jobName(sm, i))
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// jobName is the Prometheus Operator's name of the job of endpoint i of sm.
+func jobName(sm ServiceMonitor, i int) string {
+	return fmt.Sprintf("serviceMonitor/%s/%s/%d", sm.Namespace, sm.Name, i)
 }
